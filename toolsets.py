@@ -1,0 +1,146 @@
+"""Named toolsets: lists of tool names composed by ``includes``.
+
+A toolset names tools; whether a tool exists or is available is the registry's
+business. Resolution is cycle- and diamond-safe. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+# The tools every chat platform gets.
+_HERMES_CORE_TOOLS: tuple[str, ...] = (
+    "web_search",
+    "web_extract",
+    "read_file",
+    "write_file",
+    "patch",
+    "search_files",
+    "terminal",
+    "memory",
+    "todo",
+    "clarify",
+    "cronjob",
+)
+
+PLATFORMS: tuple[str, ...] = ("telegram", "discord", "slack", "webhook")
+
+ALL_NAMES = frozenset({"all", "*"})
+
+
+@dataclass(slots=True)
+class Toolset:
+    """A named set of tools plus the toolsets it includes."""
+
+    description: str
+    tools: list[str] = field(default_factory=list)
+    includes: list[str] = field(default_factory=list)
+
+
+TOOLSETS: dict[str, Toolset] = {
+    "web": Toolset("Search the web and read pages (read-only).", ["web_search", "web_extract"]),
+    "file": Toolset("Read, write, patch and search files in the workspace.",
+                    ["read_file", "write_file", "patch", "search_files"]),
+    "terminal": Toolset("Run shell commands in the workspace.", ["terminal"]),
+    "memory": Toolset("Per-user notes that persist across sessions.", ["memory"]),
+    "todo": Toolset("A per-session checklist.", ["todo"]),
+    "clarify": Toolset("Ask the user a question and wait for the answer.", ["clarify"]),
+    "cronjob": Toolset("Schedule prompts to run later or repeatedly.", ["cronjob"]),
+    "debugging": Toolset("Terminal plus web and file tools.", ["terminal"], ["web", "file"]),
+    "safe": Toolset("Everything except running commands.", [],
+                    ["web", "file", "memory", "todo", "clarify", "cronjob"]),
+    "hermes-core": Toolset("The core tools every chat platform gets.", list(_HERMES_CORE_TOOLS)),
+    "hermes-telegram": Toolset("Tools for Telegram sessions.", [], ["hermes-core"]),
+    "hermes-discord": Toolset("Tools for Discord sessions.", [], ["hermes-core"]),
+    "hermes-slack": Toolset("Tools for Slack sessions.", [], ["hermes-core"]),
+    # Webhook payloads are untrusted: read-only web tools only, nothing that
+    # writes, runs commands or sends messages.
+    "hermes-webhook": Toolset("Restricted tools for webhook-triggered runs (read-only web).", ["web_extract",
+                                                                                             "web_search"]),
+    # Cron runs cannot ask questions (nobody is waiting) or create further jobs.
+    "hermes-cron": Toolset("Tools for scheduled runs.",
+                           [t for t in _HERMES_CORE_TOOLS if t not in ("cronjob", "clarify")]),
+    "hermes-gateway": Toolset("Union of every platform toolset.", [],
+                              [f"hermes-{p}" for p in PLATFORMS]),
+}
+
+
+class ToolsetError(ValueError):
+    """An unknown toolset name or an invalid custom toolset."""
+
+
+def _expand(name: str, tools: list[str], seen_tools: set[str], visited: set[str], stack: tuple[str, ...],
+            toolsets: Mapping[str, Toolset]) -> None:
+    if name in stack:
+        logger.warning("toolset include cycle ignored: %s", " -> ".join((*stack, name)))
+        return
+    if name in visited:  # diamond: already expanded through another path
+        return
+    ts = toolsets.get(name)
+    if ts is None:
+        raise ToolsetError(f"unknown toolset {name!r}; known: {', '.join(sorted(toolsets))}")
+    visited.add(name)
+    for tool in ts.tools:
+        if tool not in seen_tools:
+            seen_tools.add(tool)
+            tools.append(tool)
+    for inc in ts.includes:
+        _expand(inc, tools, seen_tools, visited, (*stack, name), toolsets)
+
+
+def resolve_toolset(names: str | Iterable[str], all_tools: Iterable[str] = (),
+                    toolsets: Mapping[str, Toolset] | None = None) -> list[str]:
+    """Tool names of one or more toolsets, includes expanded, first-seen order, no duplicates.
+
+    ``all`` / ``*`` stand for every tool in ``all_tools`` (the registry's names).
+    Unknown toolset names raise ToolsetError; include cycles are logged and cut.
+    """
+    table = TOOLSETS if toolsets is None else toolsets
+    requested = [names] if isinstance(names, str) else list(names)
+    tools: list[str] = []
+    seen: set[str] = set()
+    visited: set[str] = set()
+    for name in requested:
+        if name in ALL_NAMES:
+            for tool in sorted(all_tools):
+                if tool not in seen:
+                    seen.add(tool)
+                    tools.append(tool)
+            continue
+        _expand(name, tools, seen, visited, (), table)
+    return tools
+
+
+def validate_toolset(name: str, toolsets: Mapping[str, Toolset] | None = None) -> bool:
+    """Whether ``name`` is a known toolset (or ``all`` / ``*``)."""
+    table = TOOLSETS if toolsets is None else toolsets
+    return name in ALL_NAMES or name in table
+
+
+def create_custom_toolset(name: str, description: str, tools: Iterable[str] = (),
+                          includes: Iterable[str] = ()) -> Toolset:
+    """Add (or replace) a toolset in TOOLSETS; every include must already exist."""
+    includes = list(includes)
+    missing = [i for i in includes if not validate_toolset(i)]
+    if missing:
+        raise ToolsetError(f"toolset {name!r} includes unknown toolsets: {', '.join(missing)}")
+    ts = Toolset(description, list(tools), includes)
+    TOOLSETS[name] = ts
+    return ts
+
+
+def toolset_for_platform(platform: str, overrides: Mapping[str, str | list[str]] | None = None) -> list[str]:
+    """The toolset names a platform's sessions use: the config override, else ``hermes-<platform>``."""
+    if overrides and platform in overrides:
+        value = overrides[platform]
+        return [value] if isinstance(value, str) else list(value)
+    return [f"hermes-{platform}"]
+
+
+def core_tools() -> frozenset[str]:
+    """Names of the core tools (never deferred by tool search)."""
+    return frozenset(_HERMES_CORE_TOOLS)
