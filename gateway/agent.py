@@ -1,0 +1,211 @@
+"""The agent loop: model call, tool calls on the tool thread pool, repeat up to ``max_turns``.
+
+Tool code never runs on the event loop: each call goes to ``model_tools.handle_function_call``
+on a bounded thread pool (async tools then run on that worker's own loop via the bridge).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+import model_tools
+from gateway.config import ModelSettings
+from gateway.metrics import Metrics
+from gateway.store import ChatMessage
+from tools.clarify_tool import format_clarify_question
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Hermes, a helpful assistant reached through a chat gateway. Answer concisely. "
+    "Use the tools you are given when they help; never invent tool results."
+)
+
+OnText = Callable[[str], Awaitable[None]]
+
+
+class ModelError(Exception):
+    """The model could not be reached or refused; ``user_message`` is safe to show."""
+
+    def __init__(self, user_message: str, detail: str) -> None:
+        super().__init__(detail)
+        self.user_message = user_message
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    """What a finished agent loop produced."""
+
+    text: str
+    transcript: list[ChatMessage] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    model_calls: int = 0
+    model_seconds: float = 0.0
+    ended_by: str = "answer"
+
+
+def build_client(cfg: ModelSettings) -> openai.AsyncOpenAI:
+    """One long-lived client per model configuration, on the aiohttp transport."""
+    return openai.AsyncOpenAI(
+        base_url=cfg.base_url,
+        api_key=cfg.api_key.get_secret_value() or "not-needed",
+        max_retries=cfg.max_retries,
+        timeout=openai.Timeout(cfg.timeout, connect=cfg.connect_timeout),
+        http_client=openai.DefaultAioHttpClient(),
+    )
+
+
+def _user_message_for(exc: Exception) -> str:
+    if isinstance(exc, openai.APITimeoutError):
+        return "The model did not answer in time. Please try again in a moment."
+    if isinstance(exc, openai.APIConnectionError):
+        return "I can't reach the model service right now. Please try again in a moment."
+    if isinstance(exc, openai.RateLimitError):
+        return "The model service is rate-limiting us. Please try again in a minute."
+    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+        return "The gateway's model credentials were rejected; an operator needs to fix the configuration."
+    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
+        return "The model service had an internal error. Please try again in a moment."
+    return "The model request failed. Please try again or rephrase."
+
+
+def trim_history(history: Sequence[ChatMessage], token_budget: int) -> list[ChatMessage]:
+    """Keep the most recent messages within ``token_budget`` (chars/4), never starting mid tool exchange."""
+    kept: list[ChatMessage] = []
+    used = 0
+    for msg in reversed(history):
+        cost = (len(msg.content or "") + (len(json.dumps(msg.tool_calls)) if msg.tool_calls else 0)) // 4 + 4
+        if used + cost > token_budget and kept:
+            break
+        kept.append(msg)
+        used += cost
+    kept.reverse()
+    while kept and (kept[0].role == "tool" or (kept[0].role == "assistant" and kept[0].tool_calls)):
+        kept.pop(0)
+    return kept
+
+
+class Agent:
+    """Runs the tool-calling loop against one OpenAI-compatible model."""
+
+    def __init__(self, cfg: ModelSettings, client: openai.AsyncOpenAI, tool_pool: ThreadPoolExecutor,
+                 metrics: Metrics) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.tool_pool = tool_pool
+        self.metrics = metrics
+        self.system_prompt = cfg.system_prompt or DEFAULT_SYSTEM_PROMPT
+
+    async def run(self, messages: list[dict[str, Any]], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
+                  on_text: OnText | None = None, cancel: threading.Event | None = None) -> RunOutcome:
+        """Drive the model until it answers without tool calls (or ``max_turns`` is reached)."""
+        outcome = RunOutcome(text="")
+        convo = list(messages)
+        for _turn in range(self.cfg.max_turns):
+            started = time.perf_counter()
+            content, tool_calls = await self._complete(convo, plan.definitions, on_text)
+            elapsed = time.perf_counter() - started
+            outcome.model_calls += 1
+            outcome.model_seconds += elapsed
+            self.metrics.model_latency.observe(elapsed)
+            assistant = ChatMessage("assistant", content or None, tool_calls or None)
+            outcome.transcript.append(assistant)
+            convo.append(assistant.to_openai())
+            if not tool_calls:
+                outcome.text = content or ""
+                return outcome
+            results = await asyncio.gather(*(self._call_tool(tc, plan, tool_ctx, cancel) for tc in tool_calls))
+            question: str | None = None
+            for tc, (result, record) in zip(tool_calls, results, strict=True):
+                outcome.tool_calls.append(record)
+                tool_msg = ChatMessage("tool", result, tool_call_id=tc["id"])
+                outcome.transcript.append(tool_msg)
+                convo.append(tool_msg.to_openai())
+                question = question or format_clarify_question(result)
+            if question is not None:
+                outcome.text, outcome.ended_by = question, "clarify"
+                outcome.transcript.append(ChatMessage("assistant", question))
+                return outcome
+        outcome.text = (f"I stopped after {self.cfg.max_turns} steps without a final answer. "
+                        "Ask me to continue, or narrow the request.")
+        outcome.ended_by = "max_turns"
+        outcome.transcript.append(ChatMessage("assistant", outcome.text))
+        return outcome
+
+    async def _complete(self, convo: list[dict[str, Any]], tools: list[dict[str, Any]],
+                        on_text: OnText | None) -> tuple[str, list[dict[str, Any]]]:
+        kwargs: dict[str, Any] = {"model": self.cfg.name, "messages": convo}
+        if tools:
+            kwargs["tools"] = tools
+        if self.cfg.temperature is not None:
+            kwargs["temperature"] = self.cfg.temperature
+        if self.cfg.max_tokens is not None:
+            kwargs["max_tokens"] = self.cfg.max_tokens
+        try:
+            if self.cfg.stream:
+                return await self._stream(kwargs, on_text)
+            response = await self.client.chat.completions.create(**kwargs)
+        except openai.OpenAIError as exc:
+            self.metrics.model_errors.labels(type(exc).__name__).inc()
+            raise ModelError(_user_message_for(exc), f"{type(exc).__name__}: {exc}") from exc
+        if not response.choices:
+            raise ModelError("The model returned an empty answer. Please try again.", "no choices")
+        msg = response.choices[0].message
+        calls = [{"id": tc.id, "type": "function",
+                  "function": {"name": tc.function.name, "arguments": tc.function.arguments or "{}"}}
+                 for tc in (msg.tool_calls or []) if tc.type == "function"]
+        return msg.content or "", calls
+
+    async def _stream(self, kwargs: dict[str, Any], on_text: OnText | None) -> tuple[str, list[dict[str, Any]]]:
+        parts: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        stream = await self.client.chat.completions.create(**kwargs, stream=True)
+        async with stream:
+            async for chunk in stream:
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                if delta.content:
+                    parts.append(delta.content)
+                    if on_text is not None:
+                        await on_text("".join(parts))
+                for tc in delta.tool_calls or []:
+                    slot = calls.setdefault(tc.index, {"id": "", "type": "function",
+                                                       "function": {"name": "", "arguments": ""}})
+                    if tc.id:
+                        slot["id"] = tc.id
+                    if tc.function and tc.function.name:
+                        slot["function"]["name"] += tc.function.name
+                    if tc.function and tc.function.arguments:
+                        slot["function"]["arguments"] += tc.function.arguments
+        ordered = [calls[i] for i in sorted(calls)]
+        for i, call in enumerate(ordered):
+            call["id"] = call["id"] or f"call_{i}"
+            call["function"]["arguments"] = call["function"]["arguments"] or "{}"
+        return "".join(parts), ordered
+
+    async def _call_tool(self, tc: dict[str, Any], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
+                         cancel: threading.Event | None) -> tuple[str, dict[str, Any]]:
+        name = tc["function"]["name"]
+        args = tc["function"]["arguments"]
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        ctx = {**tool_ctx, "cancel_event": cancel} if cancel is not None else tool_ctx
+        result = await loop.run_in_executor(
+            self.tool_pool, lambda: model_tools.handle_function_call(name, args, enabled_tools=plan.allowed, **ctx))
+        elapsed = time.perf_counter() - started
+        self.metrics.tool_latency.labels(name).observe(elapsed)
+        is_error = result.startswith('{"error"')
+        record = {"name": name, "arguments": args, "result": result[:2000], "seconds": round(elapsed, 6),
+                  "error": is_error}
+        return result, record

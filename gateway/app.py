@@ -1,0 +1,120 @@
+"""The gateway process: wires config, store, agent, adapters, router, outbox and HTTP together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from gateway.adapters import build_adapters
+from gateway.agent import Agent, build_client
+from gateway.auth import Authorizer
+from gateway.config import Config
+from gateway.http import HttpServer
+from gateway.metrics import Metrics
+from gateway.outbox import OutboxSender
+from gateway.router import Router
+from gateway.runs import RunExecutor
+from gateway.store import Store
+from gateway.tool_state import install_tool_backends, uninstall_tool_backends
+from gateway.watchdog import LoopWatchdog
+from platforms.base import AdapterState, BasePlatformAdapter
+from tools.registry import registry
+from tools.url_safety import configure_url_safety
+from tools.web_tools import configure_web_search
+
+logger = logging.getLogger(__name__)
+
+
+class Gateway:
+    """One running gateway. ``start()`` then ``stop()``; ``adapters`` may be injected by tests."""
+
+    def __init__(self, cfg: Config, adapters: dict[str, BasePlatformAdapter] | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self._extra_adapters = adapters or {}
+        self.adapters: dict[str, BasePlatformAdapter] = {}
+        self.store: Store | None = None
+        self.http: HttpServer | None = None
+        self.router: Router | None = None
+        self.outbox: OutboxSender | None = None
+        self._tool_pool: ThreadPoolExecutor | None = None
+        self._watchdog: LoopWatchdog | None = None
+        self._client: Any = None
+
+    @property
+    def port(self) -> int | None:
+        """The bound HTTP port."""
+        return self.http.port if self.http else None
+
+    async def start(self) -> None:
+        """Open the store, connect adapters, resume unfinished work and start serving."""
+        cfg = self.cfg
+        self.store = await Store.open(cfg.store.url)
+        registry.discover_builtin_tools()
+        configure_web_search(cfg.web.search_url)
+        configure_url_safety(cfg.web.allow_private_networks)
+        install_tool_backends(self.store, asyncio.get_running_loop())
+        self._client = build_client(cfg.model)
+        self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
+        agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics)
+        self.adapters = {**build_adapters(cfg), **self._extra_adapters}
+        self.outbox = OutboxSender(self.store, self.adapters, self.metrics)
+        executor = RunExecutor(cfg, self.store, agent, self.adapters, self.outbox, self.metrics)
+        self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics,
+                             Authorizer(cfg.auth))
+        self.http = HttpServer(cfg.http, self.metrics, self.store, self._readiness)
+        for adapter in self.adapters.values():
+            routes = getattr(adapter, "http_routes", None)
+            if routes is not None:
+                self.http.add_routes(routes())
+        await self.http.start()
+        for name, adapter in self.adapters.items():
+            try:
+                await adapter.connect(self.router.on_message)
+            except Exception as exc:  # one broken platform never stops the others
+                logger.error("platform %s failed to start: %s", name, exc)
+        await self.router.resume()
+        self.outbox.start()
+        self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
+        self._watchdog.start()
+        logger.info("gateway started: platforms=%s http=%s:%s", ",".join(self.adapters), cfg.http.host, self.port)
+
+    async def _readiness(self) -> tuple[bool, dict[str, Any]]:
+        store_ok = self.store is not None and await self.store.ping()
+        platforms = {name: a.status() for name, a in self.adapters.items()}
+        ready = store_ok and all(a.state == AdapterState.CONNECTED for a in self.adapters.values())
+        return ready, {"store": "ok" if store_ok else "unreachable", "platforms": platforms}
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Stop accepting, let running work finish up to the drain timeout, flush the outbox, close."""
+        timeout = self.cfg.gateway.drain_timeout if drain_timeout is None else drain_timeout
+        for name, adapter in self.adapters.items():
+            try:
+                await adapter.disconnect()
+            except Exception as exc:
+                logger.warning("platform %s did not disconnect cleanly: %s", name, exc)
+        if self.router is not None:
+            if not await self.router.lanes.wait_idle(timeout):
+                logger.warning("drain timeout: unfinished runs will resume on the next start")
+            await self.router.lanes.shutdown()
+        if self.outbox is not None:
+            await self.outbox.flush(min(5.0, max(0.5, timeout)))
+            await self.outbox.stop()
+        if self._watchdog is not None:
+            await self._watchdog.stop()
+        if self.http is not None:
+            await self.http.stop()
+        if self._tool_pool is not None:
+            self._tool_pool.shutdown(wait=False, cancel_futures=True)
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+        if self.store is not None:
+            await self.store.close()
+        configure_web_search(None)  # the tool settings are process-wide: leave them as we found them
+        configure_url_safety(())
+        uninstall_tool_backends()
+        logger.info("gateway stopped")

@@ -1,0 +1,134 @@
+"""``hermes-gateway demo``: the whole gateway, offline, on the embedded defaults.
+
+Starts the scripted model and a local "CI system" (a status page plus a callback
+receiver), runs the gateway against them, fires three signed GitHub webhooks (good,
+forged, duplicate) and prints what happened to each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import uuid
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.app import Gateway
+from gateway.config import parse_config
+from gateway.sim.model_server import ScriptedModel, rules, tool_call
+from platforms.webhook_signatures import sign
+
+STATUS_PAGE = ("<html><head><title>CI status</title></head><body><h1>Build #42</h1>"
+               "<p>All 118 tests passed on main in 3m12s.</p></body></html>")
+
+
+class _LocalCI:
+    """A status page the agent reads with web_extract, and the receiver of delivered results."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.got_one = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/status", self._status)
+        app.router.add_post("/results", self._results)
+        self._runner = web.AppRunner(app, access_log=None)
+        self.base = ""
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+    async def _status(self, _request: web.Request) -> web.Response:
+        return web.Response(text=STATUS_PAGE, content_type="text/html")
+
+    async def _results(self, request: web.Request) -> web.Response:
+        self.received.append({"webhook-id": request.headers.get("webhook-id"), **await request.json()})
+        self.got_one.set()
+        return web.json_response({"ok": True})
+
+
+def _demo_config(home: str, model_url: str, ci: str, secret: str) -> dict[str, Any]:
+    return {
+        "model": {"base_url": model_url, "api_key": "demo-key", "name": "scripted-model", "stream": False},
+        "http": {"port": 0, "api_token": "demo-api-token"},
+        "store": {"url": f"sqlite:///{home}/state.db"},
+        "gateway": {"workspace": f"{home}/workspace"},
+        "web": {"allow_private_networks": ["127.0.0.1/32"]},
+        "platforms": {
+            "webhook": {"routes": {"github": {
+                "secret": secret, "scheme": "github", "events": ["push"],
+                "prompt": "A push landed on {payload.repository.full_name} by {payload.pusher.name}: "
+                          "{payload.head_commit.message}. Check the CI status page and summarise.",
+                "deliver_to": "callback:ci"}}},
+            "callback": {"targets": {"ci": {"url": f"{ci}/results", "secret": "demo-callback-secret"}}},
+        },
+    }
+
+
+def _show(title: str, status: int, body: Any) -> None:
+    print(f"  {title:<28} -> HTTP {status} {json.dumps(body)}")
+
+
+async def run_demo() -> int:
+    """Run the demo; returns the process exit code."""
+    ci = _LocalCI()
+    await ci.start()
+    secret = uuid.uuid4().hex
+    responder = rules((r"UNTRUSTED WEBHOOK PAYLOAD",
+                       tool_call("web_extract", {"urls": [f"{ci.base}/status"], "max_chars": 400})))
+    with tempfile.TemporaryDirectory(prefix="hermes-demo-") as home:
+        os.environ.setdefault("HERMES_GATEWAY_HOME", home)
+        async with ScriptedModel(responder) as model:
+            cfg = parse_config(_demo_config(home, model.base_url, ci.base, secret))
+            gateway = Gateway(cfg)
+            await gateway.start()
+            try:
+                ok = await _fire(gateway.port or 0, secret, ci)
+            finally:
+                await gateway.stop(drain_timeout=5)
+                await ci.stop()
+    print("demo finished: " + ("OK" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+async def _fire(port: int, secret: str, ci: _LocalCI) -> bool:
+    url = f"http://127.0.0.1:{port}/webhooks/github"
+    payload = {"ref": "refs/heads/main", "repository": {"full_name": "acme/rocket"},
+               "pusher": {"name": "ana"}, "head_commit": {"message": "Fix the launch countdown"}}
+    body = json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json", "X-GitHub-Event": "push",
+               **sign("github", secret, body, delivery_id=str(uuid.uuid4()))}
+    print(f"hermes-gateway demo: three signed GitHub webhooks against a gateway on 127.0.0.1:{port}")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, data=body, headers=headers) as r:
+            first = await r.json()
+            _show("good signature", r.status, first)
+        forged = {**headers, "X-Hub-Signature-256": "sha256=" + "0" * 64, "X-GitHub-Delivery": str(uuid.uuid4())}
+        async with http.post(url, data=body, headers=forged) as r:
+            _show("forged signature", r.status, await r.json())
+        async with http.post(url, data=body, headers=headers) as r:
+            dup = await r.json()
+            _show("same delivery again", r.status, dup)
+        await asyncio.wait_for(ci.got_one.wait(), timeout=20)
+        auth = {"Authorization": "Bearer demo-api-token"}
+        async with http.get(f"http://127.0.0.1:{port}/runs/{first['run_id']}", headers=auth) as r:
+            run = await r.json()
+    print(f"\nrun {run['id']}: {run['status']} after {run['model_calls']} model calls")
+    for call in run["tool_calls"]:
+        print(f"  tool {call['name']}({call['arguments']}) in {call['seconds'] * 1000:.1f} ms")
+        print(f"    -> {call['result'][:160]}...")
+    print(f"  result: {run['result'][:200]}")
+    print(f"\ndelivered to the CI callback: {len(ci.received)} message(s)")
+    for msg in ci.received:
+        print(f"  [{msg['webhook-id']}] {msg['text'][:160]}")
+    return (run["status"] == "completed" and dup["run_id"] == first["run_id"] and len(ci.received) == 1
+            and bool(run["tool_calls"]))

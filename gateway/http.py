@@ -1,0 +1,98 @@
+"""The gateway's one aiohttp server: health, readiness, metrics, runs, and adapter endpoints."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import HttpSettings
+from gateway.metrics import Metrics
+from gateway.store import Store
+
+logger = logging.getLogger(__name__)
+
+Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data, ensure_ascii=False, default=str), status=status,
+                        content_type="application/json")
+
+
+class HttpServer:
+    """Owns the aiohttp application and its runner."""
+
+    def __init__(self, cfg: HttpSettings, metrics: Metrics, store: Store, readiness: Readiness) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.store = store
+        self.readiness = readiness
+        self.app = web.Application(client_max_size=cfg.max_body_bytes)
+        self.app.router.add_get("/healthz", self._healthz)
+        self.app.router.add_get("/readyz", self._readyz)
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get("/runs", self._list_runs)
+        self.app.router.add_get("/runs/{run_id}", self._get_run)
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def add_routes(self, routes: Iterable[web.AbstractRouteDef]) -> None:
+        """Mount an adapter's endpoints (before ``start``)."""
+        self.app.add_routes(list(routes))
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port (useful with port 0)."""
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.cfg.port
+        logger.info("http listening on %s:%s", self.cfg.host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return _json({"status": "ok"})
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        ready, detail = await self.readiness()
+        return _json({"ready": ready, **detail}, status=200 if ready else 503)
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    def _authorized(self, request: web.Request) -> bool:
+        token = self.cfg.api_token.get_secret_value() if self.cfg.api_token else ""
+        if not token:
+            return False
+        header = request.headers.get("Authorization", "")
+        return header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode())
+
+    async def _get_run(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _json({"error": "unauthorized: send Authorization: Bearer <http.api_token>"}, status=401)
+        run = await self.store.get_run(request.match_info["run_id"])
+        if run is None:
+            return _json({"error": "run not found"}, status=404)
+        return _json(run.to_dict())
+
+    async def _list_runs(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _json({"error": "unauthorized: send Authorization: Bearer <http.api_token>"}, status=401)
+        try:
+            limit = max(1, min(200, int(request.query.get("limit", "20"))))
+        except ValueError:
+            return _json({"error": "limit must be an integer"}, status=400)
+        runs = await self.store.list_runs(limit, request.query.get("status"))
+        return _json({"runs": [r.to_dict() for r in runs]})

@@ -1,0 +1,37 @@
+"""Prometheus metrics, one registry per gateway instance (so several can share a process in tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """The gateway's metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.events = Counter("hermes_events_total", "Inbound events by platform and outcome",
+                              ["platform", "outcome"], registry=r)
+        self.runs = Counter("hermes_runs_total", "Finished runs by kind and status", ["kind", "status"], registry=r)
+        self.run_latency = Histogram("hermes_run_seconds", "Run duration (start to finish)", ["kind"],
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.model_latency = Histogram("hermes_model_call_seconds", "Model call latency",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.model_errors = Counter("hermes_model_errors_total", "Model call failures by error type", ["error"],
+                                    registry=r)
+        self.tool_latency = Histogram("hermes_tool_call_seconds", "Tool call latency by tool", ["tool"],
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.outbox_depth = Gauge("hermes_outbox_depth", "Undelivered message parts", registry=r)
+        self.deliveries = Counter("hermes_deliveries_total", "Delivery attempts by platform and outcome",
+                                  ["platform", "outcome"], registry=r)
+        self.runs_in_flight = Gauge("hermes_runs_in_flight", "Runs executing now", ["kind"], registry=r)
+        self.loop_lag = Gauge("hermes_event_loop_lag_seconds", "Main event loop lag (last sample)", registry=r)
+        self.loop_lag_max = Gauge("hermes_event_loop_lag_max_seconds", "Largest main loop lag since start",
+                                  registry=r)
+
+    def render(self) -> bytes:
+        """Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,188 @@
+"""From an adapter's event to work: authorize, accept once, then a command or a run.
+
+``on_message`` is the callback every adapter gets. It returns once the event is
+durably in the inbox (or was a duplicate), so the adapter may acknowledge it to
+the platform; the work itself happens afterwards, one item at a time per session.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.auth import Authorizer
+from gateway.commands import CommandContext, parse_command, run_command
+from gateway.config import Config
+from gateway.metrics import Metrics
+from gateway.outbox import OutboxSender
+from gateway.runs import RunExecutor, RunJob, Target
+from gateway.session import SessionLanes, session_key
+from gateway.store import InboxRow, NewRun, OutboxPart, Store
+from platforms.base import Accepted, BasePlatformAdapter, MessageEvent, SessionSource, split_message
+from toolsets import toolset_for_platform
+
+logger = logging.getLogger(__name__)
+
+
+def _format_uptime(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h {minutes}m" if days else f"{hours}h {minutes}m {secs}s"
+
+
+def parse_target(spec: str) -> Target | None:
+    """``platform:chat[:thread]`` -> Target; ``none`` -> None."""
+    if spec == "none":
+        return None
+    platform, _, rest = spec.partition(":")
+    if platform == "callback":
+        return Target(platform, rest)
+    chat, _, thread = rest.partition(":")
+    return Target(platform, chat, thread or None)
+
+
+class Router:
+    """Routes accepted events to commands and runs; implements ``CommandHost``."""
+
+    def __init__(self, cfg: Config, store: Store, executor: RunExecutor, outbox: OutboxSender,
+                 adapters: Mapping[str, BasePlatformAdapter], metrics: Metrics, authorizer: Authorizer) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.executor = executor
+        self.outbox = outbox
+        self.adapters = adapters
+        self.metrics = metrics
+        self.auth = authorizer
+        self.lanes = SessionLanes()
+        self.started_at = time.monotonic()
+        self._running: dict[str, str] = {}  # session key -> run id
+
+    # -- intake ----------------------------------------------------------
+
+    def _session_of(self, event: MessageEvent) -> str:
+        return session_key(SessionSource.from_event(event), self.cfg.gateway.group_sessions_per_user)
+
+    def _bot_username(self, platform: str) -> str | None:
+        adapter = self.adapters.get(platform)
+        return getattr(adapter, "bot_username", None) if adapter else None
+
+    def _new_run(self, event: MessageEvent, run_id: str) -> tuple[NewRun, dict[str, Any]]:
+        if event.platform == "webhook":
+            route = self.cfg.platforms.webhook.routes[event.chat_id]
+            toolsets = [route.toolset] if isinstance(route.toolset, str) else list(route.toolset)
+            target = parse_target(route.deliver_to)
+            kind, source, history = "webhook", event.chat_id, False
+        else:
+            toolsets = toolset_for_platform(event.platform, self.cfg.toolsets)
+            target = Target(event.platform, event.chat_id, event.thread_id, event.message_id)
+            kind, source, history = "chat", event.platform, True
+        run = NewRun(run_id, kind, source, toolsets, event.text, target and f"{target.platform}:{target.chat_id}")
+        payload = {"event": event.to_dict(), "kind": kind, "source": source, "toolsets": toolsets,
+                   "target": target.to_dict() if target else None, "history": history}
+        return run, payload
+
+    async def on_message(self, event: MessageEvent) -> Accepted | None:
+        """Accept an event once; returns its acceptance, or None when it was refused."""
+        if not self.auth.allows(event):
+            self.metrics.events.labels(event.platform, "unauthorized").inc()
+            logger.info("unauthorized %s user %s in chat %s ignored", event.platform, event.user_id, event.chat_id)
+            return None
+        command = (parse_command(event.text, self._bot_username(event.platform))
+                   if event.platform != "webhook" else None)
+        if command is not None:
+            key = self._session_of(event)
+            acc = await self.store.accept(event.dedupe_key, event.platform, "command", key,
+                                          {"event": event.to_dict()})
+            if not acc.duplicate:
+                await self._handle_command(acc.inbox_id, key, event)
+        else:
+            run_id = uuid.uuid4().hex
+            run, payload = self._new_run(event, run_id)
+            key = f"webhook:{event.chat_id}:{run_id}" if run.kind == "webhook" else self._session_of(event)
+            acc = await self.store.accept(event.dedupe_key, event.platform, run.kind, key, payload, run)
+            if not acc.duplicate:
+                self._submit(RunJob(acc.inbox_id, run_id, run.kind, run.source, key, event, run.toolsets,
+                                    Target.from_dict(payload["target"]), payload["history"]))
+        self.metrics.events.labels(event.platform, "duplicate" if acc.duplicate else "accepted").inc()
+        return Accepted(acc.run_id, acc.duplicate)
+
+    def _submit(self, job: RunJob) -> None:
+        if self.cfg.gateway.busy == "interrupt" and job.kind == "chat":
+            self.stop_session(job.session_key)
+
+        async def work() -> None:
+            self._running[job.session_key] = job.run_id
+            try:
+                await self.executor.execute(job)
+            finally:
+                self._running.pop(job.session_key, None)
+
+        self.lanes.submit(job.session_key, work)
+
+    async def resume(self) -> int:
+        """Re-queue every accepted event that did not finish (after a crash or restart)."""
+        rows = await self.store.unfinished_inbox()
+        for row in rows:
+            await self._resume_one(row)
+        if rows:
+            logger.info("resumed %d unfinished events", len(rows))
+        return len(rows)
+
+    async def _resume_one(self, row: InboxRow) -> None:
+        event = MessageEvent.from_dict(row.payload["event"])
+        if row.kind == "command":
+            cmd = parse_command(event.text, self._bot_username(event.platform))
+            if cmd is not None:
+                await self._handle_command(row.id, row.session_key, event)
+            else:
+                await self.store.set_inbox_status(row.id, "done")
+            return
+        p = row.payload
+        self._submit(RunJob(row.id, row.run_id or uuid.uuid4().hex, p["kind"], p["source"], row.session_key, event,
+                            list(p["toolsets"]), Target.from_dict(p["target"]), bool(p["history"])))
+
+    # -- commands --------------------------------------------------------
+
+    async def _handle_command(self, inbox_id: int, key: str, event: MessageEvent) -> None:
+        cmd = parse_command(event.text, self._bot_username(event.platform))
+        assert cmd is not None
+        try:
+            reply = await run_command(cmd, CommandContext(event, key, cmd.args, self))
+        except Exception:
+            logger.exception("command /%s failed", cmd.name)
+            reply = f"/{cmd.name} failed; the error was logged."
+        adapter = self.adapters.get(event.platform)
+        limit, length = (adapter.max_message_length, adapter.length_fn) if adapter else (4000, len)
+        parts = split_message(reply, limit, length)
+        await self.store.enqueue([
+            OutboxPart(f"cmd:{event.dedupe_key}:{i}", event.platform, event.chat_id, text, event.thread_id,
+                       event.message_id if i == 0 else None, part_index=i, parts_total=len(parts))
+            for i, text in enumerate(parts)], inbox_id=inbox_id)
+        self.outbox.wake()
+
+    async def reset_session(self, session_key: str) -> None:
+        """``/new``: forget the conversation."""
+        await self.store.reset_session(session_key)
+
+    def stop_session(self, session_key: str) -> bool:
+        """``/stop``: cancel the session's running run."""
+        run_id = self._running.get(session_key)
+        if run_id is None:
+            return False
+        self.executor.request_stop(run_id)
+        return self.lanes.cancel_current(session_key)
+
+    def session_status(self, session_key: str) -> dict[str, object]:
+        """Data for ``/status``."""
+        return {"model": self.cfg.model.name, "busy": self.lanes.is_busy(session_key),
+                "queued": self.lanes.queued(session_key),
+                "uptime": _format_uptime(time.monotonic() - self.started_at)}
+
+    def session_tools(self, session_key: str, platform: str) -> list[str]:
+        """Tools this platform's sessions may use now."""
+        plan = self.executor.plan_for(toolset_for_platform(platform, self.cfg.toolsets))
+        return sorted(plan.allowed)

@@ -1,0 +1,241 @@
+"""Harness for gateway tests: the scripted model, a callback receiver, a recording chat adapter,
+and a started in-process gateway on ephemeral ports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gateway.app import Gateway
+from gateway.config import parse_config
+from gateway.sim.model_server import ScriptedModel
+from platforms.base import AdapterState, BasePlatformAdapter, MessageEvent, OnMessage, SendResult
+from platforms.webhook_signatures import sign
+
+WEBHOOK_SECRET = "test-webhook-secret-0123456789"
+API_TOKEN = "test-api-token"
+
+
+class CallbackSink:
+    """An HTTP receiver for ``callback:`` deliveries, with injectable failures."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.attempts: list[float] = []
+        self.fail_with: list[tuple[int, dict[str, str]]] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self._changed = asyncio.Event()
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/results", self._results)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/results"
+
+    async def stop(self) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+
+    async def _results(self, request: web.Request) -> web.Response:
+        self.attempts.append(asyncio.get_running_loop().time())
+        if self.fail_with:
+            status, headers = self.fail_with.pop(0)
+            return web.json_response({"error": "injected"}, status=status, headers=headers)
+        self.received.append({"webhook-id": request.headers.get("webhook-id"), **await request.json()})
+        self._changed.set()
+        return web.json_response({"ok": True})
+
+    async def wait_for(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+        async def _wait() -> None:
+            while len(self.received) < n:
+                self._changed.clear()
+                await self._changed.wait()
+        await asyncio.wait_for(_wait(), timeout)
+        return list(self.received)
+
+
+@dataclass
+class Sent:
+    chat_id: str
+    text: str
+    reply_to: str | None
+    metadata: dict[str, str]
+    message_id: str
+    edits: list[str] = field(default_factory=list)
+
+
+class RecordingAdapter(BasePlatformAdapter):
+    """A chat platform double: events are pushed by the test, sends are recorded (and can fail)."""
+
+    name = "telegram"
+    max_message_length = 4096
+    can_edit = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_message: OnMessage | None = None
+        self.sent: list[Sent] = []
+        self.typing: list[str] = []
+        self.results: list[SendResult] = []  # scripted outcomes of the next sends
+        self._ids = 0
+        self._changed = asyncio.Event()
+        self.bot_username = "hermes_bot"
+
+    async def connect(self, on_message: OnMessage) -> None:
+        self.on_message = on_message
+        self._set_state(AdapterState.CONNECTED)
+
+    async def disconnect(self) -> None:
+        self._set_state(AdapterState.DISCONNECTED)
+
+    async def send(self, chat_id: str, content: str, reply_to: str | None = None,
+                   metadata: Mapping[str, str] | None = None) -> SendResult:
+        if self.results:
+            return self.results.pop(0)
+        self._ids += 1
+        self.sent.append(Sent(chat_id, content, reply_to, dict(metadata or {}), str(self._ids)))
+        self._changed.set()
+        return SendResult(success=True, message_id=str(self._ids))
+
+    async def edit_message(self, chat_id: str, message_id: str, content: str,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        for s in self.sent:
+            if s.message_id == message_id:
+                s.edits.append(content)
+                self._changed.set()
+                return SendResult(success=True, message_id=message_id)
+        return SendResult(success=False, error="message not found")
+
+    async def send_typing(self, chat_id: str, metadata: Mapping[str, str] | None = None) -> None:
+        self.typing.append(chat_id)
+
+    def final_texts(self, chat_id: str | None = None) -> list[str]:
+        """What the user ends up seeing: each message's latest text."""
+        return [(s.edits[-1] if s.edits else s.text) for s in self.sent if chat_id is None or s.chat_id == chat_id]
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        async def _wait() -> None:
+            while not predicate():
+                self._changed.clear()
+                await self._changed.wait()
+        await asyncio.wait_for(_wait(), timeout)
+
+    async def user_says(self, text: str, *, chat_id: str = "100", user_id: str = "1001", chat_type: str = "dm",
+                        thread_id: str | None = None, event_id: str | None = None) -> Any:
+        assert self.on_message is not None
+        event = MessageEvent(platform=self.name, event_id=event_id or uuid.uuid4().hex, chat_id=chat_id,
+                             chat_type=chat_type, user_id=user_id, user_name=f"user{user_id}", text=text,
+                             message_id=uuid.uuid4().hex[:8], thread_id=thread_id)
+        return await self.on_message(event)
+
+
+def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) \
+            else value
+    return out
+
+
+def base_config(home: Path, model_url: str, sink_url: str) -> dict[str, Any]:
+    return {
+        "model": {"base_url": model_url, "api_key": "test-key", "name": "scripted-model", "max_retries": 0,
+                  "stream": False},
+        "http": {"port": 0, "api_token": API_TOKEN},
+        "store": {"url": f"sqlite:///{home}/state.db"},
+        "gateway": {"workspace": str(home / "workspace"), "stream_edit_interval": 0.05},
+        "web": {"allow_private_networks": ["127.0.0.1/32"]},
+        "auth": {"platforms": {"telegram": {"allowed_users": ["1001", "1002"]}}},
+        "platforms": {
+            "webhook": {"routes": {"github": {
+                "secret": WEBHOOK_SECRET, "scheme": "github",
+                "prompt": "Push to {payload.repository.full_name}: {payload.head_commit.message}",
+                "deliver_to": "callback:sink"}}},
+            "callback": {"targets": {"sink": {"url": sink_url, "secret": "sink-secret-123456"}}},
+        },
+    }
+
+
+@dataclass
+class Harness:
+    gateway: Gateway
+    model: ScriptedModel
+    sink: CallbackSink
+    chat: RecordingAdapter
+    http: aiohttp.ClientSession
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway.port}"
+
+    async def post_webhook(self, payload: Any = None, *, route: str = "github", scheme: str = "github",
+                           secret: str = WEBHOOK_SECRET, delivery_id: str | None = None, event: str = "push",
+                           body: bytes | None = None, headers: Mapping[str, str] | None = None
+                           ) -> tuple[int, dict[str, Any]]:
+        if body is None:
+            payload = payload if payload is not None else {
+                "repository": {"full_name": "acme/rocket"}, "head_commit": {"message": "fix countdown"}}
+            body = json.dumps(payload).encode()
+        hdrs = {"Content-Type": "application/json", "X-GitHub-Event": event,
+                **sign(scheme, secret, body, delivery_id=delivery_id or str(uuid.uuid4()))}
+        hdrs.update(headers or {})
+        async with self.http.post(f"{self.base_url}/webhooks/{route}", data=body, headers=hdrs) as r:
+            return r.status, await r.json(content_type=None)
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        async with self.http.get(f"{self.base_url}/runs/{run_id}",
+                                 headers={"Authorization": f"Bearer {API_TOKEN}"}) as r:
+            assert r.status == 200, await r.text()
+            return await r.json()
+
+    async def wait_run(self, run_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        async def _wait() -> dict[str, Any]:
+            while True:
+                run = await self.get_run(run_id)
+                if run["status"] in ("completed", "failed", "cancelled"):
+                    return run
+                await asyncio.sleep(0.02)
+        return await asyncio.wait_for(_wait(), timeout)
+
+
+GatewayFactory = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+async def make_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
+    """Start a gateway (and its simulators) with config overrides; everything stops at teardown."""
+    started: list[Harness] = []
+
+    async def factory(overrides: Mapping[str, Any] | None = None, responder: Any = None) -> Harness:
+        model = ScriptedModel(responder)
+        await model.start()
+        sink = CallbackSink()
+        await sink.start()
+        cfg = parse_config(deep_merge(base_config(tmp_path, model.base_url, sink.url), overrides or {}),
+                           env={"HERMES_GATEWAY_HOME": str(tmp_path)})
+        chat = RecordingAdapter()
+        gateway = Gateway(cfg, adapters={"telegram": chat})
+        await gateway.start()
+        harness = Harness(gateway, model, sink, chat, aiohttp.ClientSession())
+        started.append(harness)
+        return harness
+
+    yield factory
+    for h in started:
+        await h.gateway.stop(drain_timeout=1)
+        await h.http.close()
+        await h.sink.stop()
+        await h.model.stop()

@@ -1,0 +1,268 @@
+"""Webhook signature schemes: sign/verify round trips, tampering, timestamps, key rotation, headers."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from platforms.webhook_signatures import (
+    SCHEMES,
+    SIGNERS,
+    VERIFIERS,
+    SignatureError,
+    sign,
+    verify,
+)
+
+NOW = 1_700_000_000.0
+BODY = b'{"event": "push", "ref": "refs/heads/main"}'
+OLD_SECRET = "whsec_" + base64.b64encode(b"old-key-0123456789abcdef").decode()
+NEW_SECRET = "whsec_" + base64.b64encode(b"new-key-0123456789abcdef").decode()
+# Header carrying the signature and (where signed) the timestamp, per scheme.
+SIGNATURE_HEADER = {
+    "github": "X-Hub-Signature-256",
+    "standard-webhooks": "webhook-signature",
+    "hmac-sha256": "X-Webhook-Signature",
+}
+TIMESTAMP_HEADER = {"standard-webhooks": "webhook-timestamp", "hmac-sha256": "X-Webhook-Timestamp"}
+TIMED = sorted(TIMESTAMP_HEADER)
+
+schemes = pytest.mark.parametrize("scheme", SCHEMES)
+
+
+def _reason(scheme: str, body: bytes, headers: dict[str, str], secrets: list[str] | None = None) -> str:
+    with pytest.raises(SignatureError) as info:
+        verify(scheme, secrets or [NEW_SECRET], body, headers, now=NOW)
+    return info.value.reason
+
+
+def test_registries_cover_the_same_schemes() -> None:
+    assert set(VERIFIERS) == set(SIGNERS) == set(SCHEMES) == {"github", "standard-webhooks", "hmac-sha256"}
+
+
+@schemes
+def test_sign_then_verify_returns_the_delivery_id(scheme: str) -> None:
+    headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="delivery-1")
+    assert verify(scheme, [NEW_SECRET], BODY, headers, now=NOW) == "delivery-1"
+
+
+@schemes
+def test_headers_are_case_insensitive(scheme: str) -> None:
+    headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="d")
+    for variant in ({k.upper(): v for k, v in headers.items()}, {k.lower(): v for k, v in headers.items()}):
+        assert verify(scheme, [NEW_SECRET], BODY, variant, now=NOW) == "d"
+
+
+def test_generated_delivery_ids() -> None:
+    github = sign("github", NEW_SECRET, BODY)
+    assert verify("github", NEW_SECRET, BODY, github) == github["X-GitHub-Delivery"]
+    standard = sign("standard-webhooks", NEW_SECRET, BODY, now=NOW)
+    assert standard["webhook-id"].startswith("msg_")
+    # Without X-Webhook-Id the id is the SHA-256 of the signed payload, so a replay dedupes.
+    plain = sign("hmac-sha256", NEW_SECRET, BODY, now=NOW)
+    assert "X-Webhook-Id" not in plain
+    expected = hashlib.sha256(f"{int(NOW)}.".encode() + BODY).hexdigest()
+    assert verify("hmac-sha256", NEW_SECRET, BODY, plain, now=NOW) == expected
+
+
+def test_standard_webhooks_published_test_vector() -> None:
+    headers = sign(
+        "standard-webhooks",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        b'{"test": 2432232314}',
+        now=1614265330,
+        delivery_id="msg_p5jXN8AQM9LWM0D4loKWxJek",
+    )
+    assert headers["webhook-signature"] == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_standard_webhooks_accepts_any_listed_signature_and_raw_secrets() -> None:
+    headers = sign("standard-webhooks", NEW_SECRET, BODY, now=NOW, delivery_id="m")
+    headers["webhook-signature"] = "v1,bm9wZQ== v1a,ignored " + headers["webhook-signature"]
+    assert verify("standard-webhooks", [NEW_SECRET], BODY, headers, now=NOW) == "m"
+    raw = sign("standard-webhooks", "plain-text-secret", BODY, now=NOW, delivery_id="r")
+    assert verify("standard-webhooks", ["plain-text-secret"], BODY, raw, now=NOW) == "r"
+
+
+def test_hmac_sha256_accepts_optional_prefix() -> None:
+    headers = sign("hmac-sha256", NEW_SECRET, BODY, now=NOW, delivery_id="p")
+    headers["X-Webhook-Signature"] = "sha256=" + headers["X-Webhook-Signature"]
+    assert verify("hmac-sha256", [NEW_SECRET], BODY, headers, now=NOW) == "p"
+
+
+# --- tampering -----------------------------------------------------------------------------------------
+
+
+def _mutate(value: bytes, index: int, delta: int) -> bytes:
+    i = index % len(value)
+    return value[:i] + bytes([(value[i] + delta) % 256]) + value[i + 1 :]
+
+
+@settings(max_examples=40)
+@given(
+    scheme=st.sampled_from(SCHEMES),
+    body=st.binary(min_size=1, max_size=64),
+    index=st.integers(min_value=0),
+    delta=st.integers(1, 255),
+)
+def test_any_one_byte_body_change_fails(scheme: str, body: bytes, index: int, delta: int) -> None:
+    headers = sign(scheme, NEW_SECRET, body, now=NOW, delivery_id="d")
+    assert verify(scheme, [NEW_SECRET], body, headers, now=NOW) == "d"
+    assert _reason(scheme, _mutate(body, index, delta), headers) == "signature mismatch"
+
+
+def _mutate_header(headers: dict[str, str], name: str, index: int, delta: int) -> dict[str, str]:
+    raw = headers[name].encode()
+    mutated = _mutate(raw, index, delta).decode("latin-1")
+    return {**headers, name: mutated}
+
+
+@settings(max_examples=60)
+@given(scheme=st.sampled_from(SCHEMES), index=st.integers(min_value=0), delta=st.integers(1, 255))
+def test_any_one_byte_signature_change_fails(scheme: str, index: int, delta: int) -> None:
+    headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="d")
+    _reason(scheme, BODY, _mutate_header(headers, SIGNATURE_HEADER[scheme], index, delta))
+
+
+@settings(max_examples=60)
+@given(scheme=st.sampled_from(TIMED), index=st.integers(min_value=0), delta=st.integers(1, 255))
+def test_any_one_byte_timestamp_change_fails(scheme: str, index: int, delta: int) -> None:
+    headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="d")
+    _reason(scheme, BODY, _mutate_header(headers, TIMESTAMP_HEADER[scheme], index, delta))
+
+
+def test_changing_a_timestamp_within_tolerance_is_a_mismatch() -> None:
+    for scheme in TIMED:
+        headers = sign(scheme, NEW_SECRET, BODY, now=NOW)
+        headers[TIMESTAMP_HEADER[scheme]] = str(int(NOW) + 1)
+        assert _reason(scheme, BODY, headers) == "signature mismatch"
+
+
+def test_standard_webhooks_signs_the_id() -> None:
+    headers = sign("standard-webhooks", NEW_SECRET, BODY, now=NOW, delivery_id="msg_1")
+    assert _reason("standard-webhooks", BODY, {**headers, "webhook-id": "msg_2"}) == "signature mismatch"
+
+
+@schemes
+def test_reserialized_json_fails(scheme: str) -> None:
+    body = json.dumps({"a": 1, "b": [1, 2]}).encode()
+    headers = sign(scheme, NEW_SECRET, body, now=NOW)
+    compact = json.dumps(json.loads(body), separators=(",", ":")).encode()
+    assert compact != body and json.loads(compact) == json.loads(body)
+    assert _reason(scheme, compact, headers) == "signature mismatch"
+
+
+@schemes
+def test_non_utf8_body_is_verified_over_raw_bytes(scheme: str) -> None:
+    body = b"\xff\xfe\x00binary\x80payload"
+    headers = sign(scheme, NEW_SECRET, body, now=NOW, delivery_id="bin")
+    assert verify(scheme, [NEW_SECRET], body, headers, now=NOW) == "bin"
+    assert _reason(scheme, body.replace(b"\xff", b"\xfd"), headers) == "signature mismatch"
+
+
+# --- timestamps ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", TIMED)
+def test_timestamp_tolerance(scheme: str) -> None:
+    for skew in (-300, 300):
+        headers = sign(scheme, NEW_SECRET, BODY, now=NOW + skew)
+        verify(scheme, [NEW_SECRET], BODY, headers, now=NOW)
+    assert _reason(scheme, BODY, sign(scheme, NEW_SECRET, BODY, now=NOW - 301)) == "timestamp too old"
+    assert _reason(scheme, BODY, sign(scheme, NEW_SECRET, BODY, now=NOW + 301)) == "timestamp in the future"
+    stale = sign(scheme, NEW_SECRET, BODY, now=NOW - 3600)
+    assert verify(scheme, [NEW_SECRET], BODY, stale, now=NOW, tolerance=7200)
+
+
+@pytest.mark.parametrize("scheme", TIMED)
+@pytest.mark.parametrize("value", ["", "abc", "1.5", "-1", " 1700000000", "１７００"])
+def test_non_numeric_timestamp(scheme: str, value: str) -> None:
+    headers = sign(scheme, NEW_SECRET, BODY, now=NOW)
+    headers[TIMESTAMP_HEADER[scheme]] = value
+    expected = f"missing header {TIMESTAMP_HEADER[scheme]}" if not value else "timestamp not numeric"
+    assert _reason(scheme, BODY, headers) == expected
+
+
+def test_github_ignores_time() -> None:
+    headers = sign("github", NEW_SECRET, BODY, delivery_id="g")
+    assert verify("github", [NEW_SECRET], BODY, headers, now=0.0) == "g"
+
+
+# --- key rotation --------------------------------------------------------------------------------------
+
+
+@schemes
+def test_rotated_secrets(scheme: str) -> None:
+    old = sign(scheme, OLD_SECRET, BODY, now=NOW, delivery_id="old")
+    new = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="new")
+    assert verify(scheme, [NEW_SECRET, OLD_SECRET], BODY, old, now=NOW) == "old"
+    assert verify(scheme, [NEW_SECRET, OLD_SECRET], BODY, new, now=NOW) == "new"
+    assert verify(scheme, NEW_SECRET, BODY, new, now=NOW) == "new"
+    assert _reason(scheme, BODY, old, secrets=[NEW_SECRET]) == "signature mismatch"
+
+
+# --- headers and configuration -------------------------------------------------------------------------
+
+_REQUIRED = {
+    "github": ["X-Hub-Signature-256", "X-GitHub-Delivery"],
+    "standard-webhooks": ["webhook-id", "webhook-timestamp", "webhook-signature"],
+    "hmac-sha256": ["X-Webhook-Signature", "X-Webhook-Timestamp"],
+}
+
+
+@pytest.mark.parametrize(("scheme", "header"), [(s, h) for s, hs in _REQUIRED.items() for h in hs])
+def test_missing_header(scheme: str, header: str) -> None:
+    headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="d")
+    del headers[header]
+    assert _reason(scheme, BODY, headers) == f"missing header {header}"
+
+
+@pytest.mark.parametrize(
+    ("scheme", "value"),
+    [
+        ("github", "sha1=" + "0" * 40),
+        ("github", "sha256=zz"),
+        ("github", "0" * 64),
+        ("standard-webhooks", "v1"),
+        ("standard-webhooks", "v2,abc"),
+        ("hmac-sha256", "not-hex"),
+        ("hmac-sha256", "sha256=" + "0" * 63),
+    ],
+)
+def test_malformed_signature_header(scheme: str, value: str) -> None:
+    headers = sign(scheme, NEW_SECRET, BODY, now=NOW)
+    headers[SIGNATURE_HEADER[scheme]] = value
+    assert _reason(scheme, BODY, headers) == f"malformed header {SIGNATURE_HEADER[scheme]}"
+
+
+def test_failure_reasons_are_distinct() -> None:
+    headers = sign("hmac-sha256", NEW_SECRET, BODY, now=NOW)
+    cases = {
+        "missing": {k: v for k, v in headers.items() if k != "X-Webhook-Timestamp"},
+        "malformed": {**headers, "X-Webhook-Signature": "nope"},
+        "mismatch": {**headers, "X-Webhook-Signature": "0" * 64},
+        "stale": sign("hmac-sha256", NEW_SECRET, BODY, now=NOW - 1000),
+        "future": sign("hmac-sha256", NEW_SECRET, BODY, now=NOW + 1000),
+        "numeric": {**headers, "X-Webhook-Timestamp": "soon"},
+    }
+    reasons = {name: _reason("hmac-sha256", BODY, h) for name, h in cases.items()}
+    assert len(set(reasons.values())) == len(cases), reasons
+
+
+def test_configuration_errors_are_value_errors() -> None:
+    headers = sign("github", NEW_SECRET, BODY)
+    with pytest.raises(ValueError, match="unknown webhook signature scheme"):
+        verify("nope", [NEW_SECRET], BODY, headers)
+    with pytest.raises(ValueError, match="unknown webhook signature scheme"):
+        sign("nope", NEW_SECRET, BODY)
+    with pytest.raises(ValueError, match="secret"):
+        verify("github", [], BODY, headers)
+    with pytest.raises(ValueError, match="secret"):
+        verify("github", [""], BODY, headers)
+    with pytest.raises(ValueError, match="base64"):
+        verify("standard-webhooks", ["whsec_!!!"], BODY, sign("standard-webhooks", NEW_SECRET, BODY))
