@@ -1,4 +1,4 @@
-"""Harness for gateway tests: the scripted model, a callback receiver, a recording chat adapter,
+"""Shared test harness: the scripted model, a callback receiver, a recording chat adapter,
 and a started in-process gateway on ephemeral ports."""
 
 from __future__ import annotations
