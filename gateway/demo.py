@@ -7,7 +7,6 @@ forged, duplicate) and prints what happened to each.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import tempfile
@@ -19,6 +18,7 @@ from aiohttp import web
 
 from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.model_server import ScriptedModel, rules, tool_call
 from platforms.webhook_signatures import sign
 
@@ -26,34 +26,15 @@ STATUS_PAGE = ("<html><head><title>CI status</title></head><body><h1>Build #42</
                "<p>All 118 tests passed on main in 3m12s.</p></body></html>")
 
 
-class _LocalCI:
-    """A status page the agent reads with web_extract, and the receiver of delivered results."""
+class _LocalCI(CallbackSink):
+    """The callback receiver, plus a status page the agent reads with web_extract."""
 
     def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
-        self.got_one = asyncio.Event()
-        app = web.Application()
-        app.router.add_get("/status", self._status)
-        app.router.add_post("/results", self._results)
-        self._runner = web.AppRunner(app, access_log=None)
-        self.base = ""
-
-    async def start(self) -> None:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
+        super().__init__("/results")
+        self.app.router.add_get("/status", self._status)
 
     async def _status(self, _request: web.Request) -> web.Response:
         return web.Response(text=STATUS_PAGE, content_type="text/html")
-
-    async def _results(self, request: web.Request) -> web.Response:
-        self.received.append({"webhook-id": request.headers.get("webhook-id"), **await request.json()})
-        self.got_one.set()
-        return web.json_response({"ok": True})
 
 
 def _demo_config(home: str, model_url: str, ci: str, secret: str) -> dict[str, Any]:
@@ -84,11 +65,11 @@ async def run_demo() -> int:
     await ci.start()
     secret = uuid.uuid4().hex
     responder = rules((r"UNTRUSTED WEBHOOK PAYLOAD",
-                       tool_call("web_extract", {"urls": [f"{ci.base}/status"], "max_chars": 400})))
+                       tool_call("web_extract", {"urls": [f"{ci.base_url}/status"], "max_chars": 400})))
     with tempfile.TemporaryDirectory(prefix="hermes-demo-") as home:
         os.environ.setdefault("HERMES_GATEWAY_HOME", home)
         async with ScriptedModel(responder) as model:
-            cfg = parse_config(_demo_config(home, model.base_url, ci.base, secret))
+            cfg = parse_config(_demo_config(home, model.base_url, ci.base_url, secret))
             gateway = Gateway(cfg)
             await gateway.start()
             try:
@@ -118,7 +99,7 @@ async def _fire(port: int, secret: str, ci: _LocalCI) -> bool:
         async with http.post(url, data=body, headers=headers) as r:
             dup = await r.json()
             _show("same delivery again", r.status, dup)
-        await asyncio.wait_for(ci.got_one.wait(), timeout=20)
+        await ci.wait_for(1, timeout=20)
         auth = {"Authorization": "Bearer demo-api-token"}
         async with http.get(f"http://127.0.0.1:{port}/runs/{first['run_id']}", headers=auth) as r:
             run = await r.json()

@@ -13,58 +13,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.model_server import ScriptedModel
 from platforms.base import AdapterState, BasePlatformAdapter, MessageEvent, OnMessage, SendResult
 from platforms.webhook_signatures import sign
 
 WEBHOOK_SECRET = "test-webhook-secret-0123456789"
 API_TOKEN = "test-api-token"
-
-
-class CallbackSink:
-    """An HTTP receiver for ``callback:`` deliveries, with injectable failures."""
-
-    def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
-        self.attempts: list[float] = []
-        self.fail_with: list[tuple[int, dict[str, str]]] = []
-        self._runner: web.AppRunner | None = None
-        self.url = ""
-        self._changed = asyncio.Event()
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/results", self._results)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/results"
-
-    async def stop(self) -> None:
-        if self._runner:
-            await self._runner.cleanup()
-
-    async def _results(self, request: web.Request) -> web.Response:
-        self.attempts.append(asyncio.get_running_loop().time())
-        if self.fail_with:
-            status, headers = self.fail_with.pop(0)
-            return web.json_response({"error": "injected"}, status=status, headers=headers)
-        self.received.append({"webhook-id": request.headers.get("webhook-id"), **await request.json()})
-        self._changed.set()
-        return web.json_response({"ok": True})
-
-    async def wait_for(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-        async def _wait() -> None:
-            while len(self.received) < n:
-                self._changed.clear()
-                await self._changed.wait()
-        await asyncio.wait_for(_wait(), timeout)
-        return list(self.received)
 
 
 @dataclass
