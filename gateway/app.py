@@ -61,6 +61,8 @@ class Gateway:
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
         agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics)
         self.adapters = {**build_adapters(cfg), **self._extra_adapters}
+        for adapter in self.adapters.values():
+            adapter.on_rejected = lambda platform, reason: self.metrics.events.labels(platform, reason).inc()
         self.outbox = OutboxSender(self.store, self.adapters, self.metrics)
         executor = RunExecutor(cfg, self.store, agent, self.adapters, self.outbox, self.metrics)
         self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics,

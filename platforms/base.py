@@ -205,6 +205,13 @@ class BasePlatformAdapter(abc.ABC):
     def __init__(self) -> None:
         self._state = AdapterState.DISCONNECTED
         self._last_error: str | None = None
+        self.on_rejected: Callable[[str, str], None] | None = None
+        """Set by the gateway: called with (platform, reason) for each inbound event refused here."""
+
+    def _rejected(self, reason: str) -> None:
+        """Count an inbound event this adapter refused (bad signature, too large, ...)."""
+        if self.on_rejected is not None:
+            self.on_rejected(self.name, reason)
 
     @property
     def state(self) -> AdapterState:

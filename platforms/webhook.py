@@ -168,9 +168,11 @@ class WebhookAdapter(BasePlatformAdapter):
             return _error(503, "gateway is not accepting webhooks right now", **{"Retry-After": "5"})
         route = self.routes.get(request.match_info["route"])
         if route is None:
+            self._rejected("unknown_route")
             return _error(404, "unknown webhook route")
         body = await self._read_body(request, route.max_body_bytes)
         if body is None:
+            self._rejected("too_large")
             return _error(413, f"body larger than {route.max_body_bytes} bytes")
         now = self.clock()
         try:
@@ -178,16 +180,20 @@ class WebhookAdapter(BasePlatformAdapter):
                                  tolerance=route.tolerance_seconds)
         except SignatureError as exc:
             logger.info("webhook %s: rejected signature (%s)", route.name, exc.reason)
+            self._rejected("bad_signature")
             return _error(401, f"invalid signature: {exc.reason}")
         wait = self._buckets.setdefault(route.name, _Bucket(route.rate_limit_per_minute, now)).take(now)
         if wait:
+            self._rejected("rate_limited")
             return _error(429, "rate limit exceeded for this route", **{"Retry-After": str(max(1, round(wait)))})
         try:
             payload = json.loads(body)
         except (UnicodeDecodeError, ValueError):
+            self._rejected("bad_json")
             return _error(400, "body is not valid UTF-8 JSON")
         name = event_name(route, request.headers, payload)
         if not event_allowed(route, name):
+            self._rejected("filtered")
             return web.json_response({"ignored": True, "event": name}, status=200)
         event = MessageEvent(
             platform="webhook", event_id=f"{route.name}:{delivery_id}", chat_id=route.name, chat_type="channel",

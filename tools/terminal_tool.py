@@ -13,6 +13,7 @@ import re
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ OUTPUT_TAIL_BYTES = 30_000
 _ENV_ALLOWLIST = frozenset({"PATH", "HOME", "LANG", "TZ", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR"})
 _ENV_ALLOWED_PREFIX = "LC_"
 _KILL_DRAIN_SECONDS = 1.0  # how long to collect what a killed group had already written
+_CANCEL_POLL_SECONDS = 0.1  # how often a running command checks whether its run was stopped
 _READ_CHUNK = 65536
 
 # A safety net against the classic host-wrecking one-liners, not a sandbox: it is
@@ -85,7 +87,10 @@ def terminal(args: dict[str, Any], **ctx: Any) -> str:
     reason = blocked_reason(command)
     if reason is not None:
         return tool_error(f"refused by the safety blocklist ({reason}); the command was not run")
-    exit_code, output = _run(command, workdir, _child_env(root), timeout)
+    cancel: threading.Event | None = ctx.get("cancel_event")
+    exit_code, output = _run(command, workdir, _child_env(root), timeout, cancel)
+    if exit_code is None and cancel is not None and cancel.is_set():
+        return tool_error("command cancelled (the run was stopped); its process group was killed", output=output)
     if exit_code is None:
         return tool_error(f"command timed out after {timeout:g}s; its process group was killed", output=output)
     return tool_result(exit_code=exit_code, output=output)
@@ -138,8 +143,9 @@ class _Capture:
         return self.head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
 
 
-def _run(command: str, workdir: Path, env: dict[str, str], timeout: float) -> tuple[int | None, str]:
-    """Run the command; (exit code, merged output), with exit code None when it timed out."""
+def _run(command: str, workdir: Path, env: dict[str, str], timeout: float,
+         cancel: threading.Event | None = None) -> tuple[int | None, str]:
+    """Run the command; (exit code, merged output), exit code None when it timed out or was cancelled."""
     capture = _Capture()
     deadline = time.monotonic() + timeout
     with subprocess.Popen(
@@ -153,7 +159,7 @@ def _run(command: str, workdir: Path, env: dict[str, str], timeout: float) -> tu
     ) as proc:
         stdout: IO[bytes] = proc.stdout  # type: ignore[assignment]  # always set: stdout=PIPE
         exit_code: int | None = None
-        if _pump(stdout, capture, deadline):
+        if _pump(stdout, capture, deadline, cancel):
             # EOF; the shell may still run if it closed its output, so the deadline still holds.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 exit_code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -163,13 +169,15 @@ def _run(command: str, workdir: Path, env: dict[str, str], timeout: float) -> tu
     return exit_code, capture.text()
 
 
-def _pump(stream: IO[bytes], capture: _Capture, deadline: float) -> bool:
-    """Read ``stream`` into ``capture`` until EOF (True) or ``deadline`` (False)."""
+def _pump(stream: IO[bytes], capture: _Capture, deadline: float, cancel: threading.Event | None = None) -> bool:
+    """Read ``stream`` into ``capture`` until EOF (True), or ``deadline`` or ``cancel`` (False)."""
     fd = stream.fileno()
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
         while (remaining := deadline - time.monotonic()) > 0:
-            if selector.select(remaining):
+            if cancel is not None and cancel.is_set():
+                return False
+            if selector.select(min(remaining, _CANCEL_POLL_SECONDS)):
                 chunk = os.read(fd, _READ_CHUNK)
                 if not chunk:
                     return True

@@ -117,9 +117,11 @@ async def test_healthz_readyz_metrics_and_runs_auth(make_gateway) -> None:
         assert ready["platforms"]["webhook"]["state"] == "connected"
     _status, body = await h.post_webhook()
     await h.wait_run(body["run_id"])
+    assert (await h.post_webhook(secret="wrong-secret"))[0] == 401
     async with h.http.get(f"{h.base_url}/metrics") as r:
         metrics = await r.text()
     assert 'hermes_events_total{outcome="accepted",platform="webhook"} 1.0' in metrics
+    assert 'hermes_events_total{outcome="bad_signature",platform="webhook"} 1.0' in metrics
     assert 'hermes_runs_total{kind="webhook",status="completed"} 1.0' in metrics
     assert "hermes_event_loop_lag_seconds" in metrics
     async with h.http.get(f"{h.base_url}/runs/{body['run_id']}") as r:

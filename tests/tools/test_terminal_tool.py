@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,13 @@ def test_blocked_command_does_not_run(ws: Path, tmp_path: Path, monkeypatch: pyt
     assert not (ws / "rm-ran").exists()
     assert run(ws, "rm -rf ./junk")["exit_code"] == 0  # the stub works when allowed
     assert (ws / "rm-ran").read_text() == "-rf ./junk\n"
+
+
+def test_cancel_event_kills_the_running_command(tmp_path: Path) -> None:
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    started = time.monotonic()
+    out = json.loads(registry.dispatch("terminal", {"command": "sleep 30", "timeout": 60},
+                                       workspace=str(tmp_path), cancel_event=cancel))
+    assert time.monotonic() - started < 5
+    assert out["error"].startswith("command cancelled")
