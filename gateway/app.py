@@ -8,11 +8,13 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import model_tools
 from gateway.adapters import build_adapters
 from gateway.agent import Agent, build_client
 from gateway.auth import Authorizer
 from gateway.config import Config
 from gateway.http import HttpServer
+from gateway.logs import redactor
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.router import Router
@@ -26,6 +28,11 @@ from tools.url_safety import configure_url_safety
 from tools.web_tools import configure_web_search
 
 logger = logging.getLogger(__name__)
+
+
+def _redact_tool_result(name: str, args: dict[str, Any], result: str) -> str:
+    """Tool output is stored and shown to the model: keep secrets out of both."""
+    return redactor(result)
 
 
 class Gateway:
@@ -52,6 +59,8 @@ class Gateway:
     async def start(self) -> None:
         """Open the store, connect adapters, resume unfinished work and start serving."""
         cfg = self.cfg
+        redactor.add(cfg.secret_values())
+        model_tools.register_hook("transform_tool_result", _redact_tool_result)
         self.store = await Store.open(cfg.store.url)
         registry.discover_builtin_tools()
         configure_web_search(cfg.web.search_url)
@@ -119,4 +128,5 @@ class Gateway:
         configure_web_search(None)  # the tool settings are process-wide: leave them as we found them
         configure_url_safety(())
         uninstall_tool_backends()
+        model_tools.unregister_hook("transform_tool_result", _redact_tool_result)
         logger.info("gateway stopped")

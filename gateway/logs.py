@@ -14,12 +14,14 @@ REDACTED = "[REDACTED]"
 # Token shapes redacted even when they are not in the configuration: (pattern, replacement).
 _TOKEN_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(?<![0-9])\d{6,12}:[A-Za-z0-9_-]{30,}"), REDACTED),         # Telegram bot token
-    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{8,}"), REDACTED),           # Slack bot/user tokens
-    (re.compile(r"\bxapp-[A-Za-z0-9-]{8,}"), REDACTED),                 # Slack app-level token
+    (re.compile(r"xox[abprs]-[A-Za-z0-9-]{8,}"), REDACTED),             # Slack bot/user tokens
+    (re.compile(r"xapp-[A-Za-z0-9-]{8,}"), REDACTED),                   # Slack app-level token
     (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), REDACTED),                 # OpenAI-style API keys
-    (re.compile(r"\bwhsec_[A-Za-z0-9+/=]{8,}"), REDACTED),              # Standard Webhooks secrets
-    (re.compile(r"(?i)\b(bearer|bot)(\s+)[A-Za-z0-9._~+/=-]{12,}"), r"\1\2" + REDACTED),  # auth headers
-    (re.compile(r"(?i)([?&](?:token|access_token|api_key|key|secret|signature)=)[^&\s#]+"), r"\1" + REDACTED),
+    (re.compile(r"whsec_[A-Za-z0-9+/=]{8,}"), REDACTED),                # Standard Webhooks secrets
+    (re.compile(r"(/bot)[A-Za-z0-9:_-]{20,}"), r"\1" + REDACTED),          # token in a Bot API URL path
+    (re.compile(r"(?i)(bearer\s+|\bbot\s+)[A-Za-z0-9._~+/=-]{12,}"), r"\1" + REDACTED),  # auth headers
+    (re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"), REDACTED),        # JWTs
+    (re.compile(r"""(?i)([?&](?:token|access_token|api_key|key|secret|signature)=)[^&\s#"']+"""), r"\1" + REDACTED),
 ]
 
 
@@ -55,10 +57,10 @@ class _RedactingFormatter(logging.Formatter):
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {"ts": datetime.fromtimestamp(record.created, UTC).isoformat(), "level": record.levelname,
-                 "logger": record.name, "msg": record.getMessage()}
+                 "logger": record.name, "msg": redactor(record.getMessage())}
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return redactor(json.dumps(entry, ensure_ascii=False))
+            entry["exc"] = redactor(self.formatException(record.exc_info))
+        return json.dumps(entry, ensure_ascii=False)
 
 
 def setup_logging(level: str = "INFO", fmt: str = "text", secrets: Iterable[str] = ()) -> None:

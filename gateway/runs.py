@@ -19,6 +19,7 @@ from typing import Any
 import model_tools
 from gateway.agent import Agent, ModelError, trim_history
 from gateway.config import Config
+from gateway.logs import redactor
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.store import ChatMessage, OutboxPart, RunCompletion, Store
@@ -202,10 +203,10 @@ class RunExecutor:
                 done.transcript = [ChatMessage("user", e.text), *outcome.transcript]
             except ModelError as exc:
                 logger.warning("run %s: model error: %s", job.run_id, exc)
-                done.status, done.error, done.result = "failed", str(exc), exc.user_message
+                done.status, done.error, done.result = "failed", redactor(str(exc)), exc.user_message
         except Exception as exc:  # a gateway bug: tell the user once, keep the details in the log
             logger.exception("run %s failed unexpectedly", job.run_id)
-            done.status, done.error = "failed", f"{type(exc).__name__}: {exc}"
+            done.status, done.error = "failed", redactor(f"{type(exc).__name__}: {exc}")
             done.result = "Something went wrong in the gateway while answering; the error was logged."
         except asyncio.CancelledError:
             if job.run_id not in self._stop_requested:
