@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 
 from gateway.app import Gateway
@@ -170,6 +172,34 @@ class Harness:
 
 
 GatewayFactory = Callable[..., Awaitable[Harness]]
+
+PG_URL_ENV = "HERMES_TEST_PG_URL"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh database per test: a SQLite file, and a new PostgreSQL database on the server
+    named by $HERMES_TEST_PG_URL (`.ci/start-postgres` starts one; CI always sets it)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/state.db"
+        return
+    base = os.environ.get(PG_URL_ENV)
+    if not base:
+        if os.environ.get("CI"):
+            pytest.fail(f"{PG_URL_ENV} is not set: CI must start PostgreSQL (.ci/start-postgres)")
+        pytest.skip(f"PostgreSQL tests need {PG_URL_ENV} (run: export {PG_URL_ENV}=$(.ci/start-postgres))")
+    name = f"hermes_t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(base)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield base.rsplit("/", 1)[0] + "/" + name
+    admin = await asyncpg.connect(base)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
 
 
 @pytest.fixture
