@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron \
+	bench-profile soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +22,38 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# Benchmarks (bench/RESULTS.md): each prints a table and writes bench/results/<name>.json. `make bench`
+# runs all of them (not the soak) at sizes that finish in about five minutes on a 2-core machine.
+BENCH := $(BIN)/python -m bench
+
+bench: bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron
+
+bench-webhook: $(STAMP)
+	$(BENCH).bench_webhook --open-duration 3
+
+bench-chat: $(STAMP)
+	$(BENCH).bench_chat --users 50 --inflight-users 1000
+
+bench-loop-lag: $(STAMP)
+	$(BENCH).bench_loop_lag
+
+bench-memory: $(STAMP)
+	$(BENCH).bench_memory --sessions 500 --soak 60
+
+bench-tools: $(STAMP)
+	$(BENCH).bench_tools
+
+bench-cron: $(STAMP)
+	if [ -f bench/bench_cron.py ]; then $(BENCH).bench_cron; fi
+
+# pyinstrument profile of the gateway under the webhook load: bench/results/webhook_profile.html
+bench-profile: $(STAMP)
+	$(BENCH).bench_webhook --profile
+
+# The long memory soak: 10,000 sessions, then 10 minutes of mixed traffic.
+soak: $(STAMP)
+	$(BENCH).bench_memory --sessions 10000 --soak 600
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -133,6 +133,27 @@ def create_custom_toolset(name: str, description: str, tools: Iterable[str] = ()
     return ts
 
 
+SOURCE_PREFIXES = ("mcp-", "plugin-")
+
+
+def set_source_toolset(name: str, description: str, tools: Iterable[str]) -> Toolset:
+    """Create or replace the runtime toolset of a tool source (``mcp-<server>`` or ``plugin-<name>``).
+
+    Replacing is one dict assignment, so readers on other threads see the old or the new list.
+    These toolsets are never included in ``hermes-*`` sets: a platform gets them only when the
+    ``toolsets`` config names them.
+    """
+    if not name.startswith(SOURCE_PREFIXES):
+        raise ToolsetError(f"tool source toolset {name!r} must start with mcp- or plugin-")
+    return create_custom_toolset(name, description, tools)
+
+
+def remove_source_toolset(name: str) -> None:
+    """Drop a tool source's toolset (its server or plugin is gone); no-op when absent."""
+    if name.startswith(SOURCE_PREFIXES):
+        TOOLSETS.pop(name, None)
+
+
 def toolset_for_platform(platform: str, overrides: Mapping[str, str | list[str]] | None = None) -> list[str]:
     """The toolset names a platform's sessions use: the config override, else ``hermes-<platform>``."""
     if overrides and platform in overrides:

@@ -20,6 +20,7 @@ import openai
 
 import model_tools
 from gateway.config import ModelSettings
+from gateway.limits import RunBudget
 from gateway.metrics import Metrics
 from gateway.store import ChatMessage
 from tools.clarify_tool import format_clarify_question
@@ -51,6 +52,7 @@ class RunOutcome:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     model_calls: int = 0
     model_seconds: float = 0.0
+    tokens: int = 0
     ended_by: str = "answer"
 
 
@@ -107,23 +109,29 @@ class Agent:
         self.system_prompt = cfg.system_prompt or DEFAULT_SYSTEM_PROMPT
 
     async def run(self, messages: list[dict[str, Any]], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
-                  on_text: OnText | None = None, cancel: threading.Event | None = None) -> RunOutcome:
-        """Drive the model until it answers without tool calls (or ``max_turns`` is reached)."""
+                  on_text: OnText | None = None, cancel: threading.Event | None = None,
+                  budget: RunBudget | None = None) -> RunOutcome:
+        """Drive the model until it answers without tool calls (or ``max_turns`` / the budget is reached)."""
         outcome = RunOutcome(text="")
         convo = list(messages)
         for _turn in range(self.cfg.max_turns):
             started = time.perf_counter()
-            content, tool_calls = await self._complete(convo, plan.definitions, on_text)
+            content, tool_calls, tokens = await self._complete(convo, plan.definitions, on_text)
             elapsed = time.perf_counter() - started
             outcome.model_calls += 1
             outcome.model_seconds += elapsed
+            outcome.tokens += tokens
             self.metrics.model_latency.observe(elapsed)
+            over_budget = budget.charge_model(tokens) if budget is not None else None
             assistant = ChatMessage("assistant", content or None, tool_calls or None)
             outcome.transcript.append(assistant)
             convo.append(assistant.to_openai())
             if not tool_calls:
                 outcome.text = content or ""
                 return outcome
+            stop = over_budget or (budget.charge_tools(len(tool_calls)) if budget is not None else None)
+            if stop:
+                return self._end(outcome, stop, "budget")
             results = await asyncio.gather(*(self._call_tool(tc, plan, tool_ctx, cancel) for tc in tool_calls))
             question: str | None = None
             for tc, (result, record) in zip(tool_calls, results, strict=True):
@@ -136,14 +144,19 @@ class Agent:
                 outcome.text, outcome.ended_by = question, "clarify"
                 outcome.transcript.append(ChatMessage("assistant", question))
                 return outcome
-        outcome.text = (f"I stopped after {self.cfg.max_turns} steps without a final answer. "
-                        "Ask me to continue, or narrow the request.")
-        outcome.ended_by = "max_turns"
-        outcome.transcript.append(ChatMessage("assistant", outcome.text))
+        return self._end(outcome, f"I stopped after {self.cfg.max_turns} steps without a final answer. "
+                         "Ask me to continue, or narrow the request.", "max_turns")
+
+    @staticmethod
+    def _end(outcome: RunOutcome, text: str, reason: str) -> RunOutcome:
+        """Finish early with an explanation the user sees (and the transcript keeps)."""
+        outcome.text, outcome.ended_by = text, reason
+        outcome.transcript.append(ChatMessage("assistant", text))
         return outcome
 
     async def _complete(self, convo: list[dict[str, Any]], tools: list[dict[str, Any]],
-                        on_text: OnText | None) -> tuple[str, list[dict[str, Any]]]:
+                        on_text: OnText | None) -> tuple[str, list[dict[str, Any]], int]:
+        """One model call: (content, tool calls, total tokens as reported or 0)."""
         kwargs: dict[str, Any] = {"model": self.cfg.name, "messages": convo}
         if tools:
             kwargs["tools"] = tools
@@ -152,7 +165,9 @@ class Agent:
         if self.cfg.max_tokens is not None:
             kwargs["max_tokens"] = self.cfg.max_tokens
         try:
-            if self.cfg.stream:
+            # Stream only when someone shows the text as it comes: parsing SSE chunks costs about a third
+            # more CPU per call than one JSON answer (bench/RESULTS.md), for nothing when nobody watches.
+            if self.cfg.stream and on_text is not None:
                 return await self._stream(kwargs, on_text)
             response = await self.client.chat.completions.create(**kwargs)
         except openai.OpenAIError as exc:
@@ -164,14 +179,19 @@ class Agent:
         calls = [{"id": tc.id, "type": "function",
                   "function": {"name": tc.function.name, "arguments": tc.function.arguments or "{}"}}
                  for tc in (msg.tool_calls or []) if tc.type == "function"]
-        return msg.content or "", calls
+        return msg.content or "", calls, response.usage.total_tokens if response.usage else 0
 
-    async def _stream(self, kwargs: dict[str, Any], on_text: OnText | None) -> tuple[str, list[dict[str, Any]]]:
+    async def _stream(self, kwargs: dict[str, Any], on_text: OnText | None
+                      ) -> tuple[str, list[dict[str, Any]], int]:
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
-        stream = await self.client.chat.completions.create(**kwargs, stream=True)
+        tokens = 0
+        stream = await self.client.chat.completions.create(**kwargs, stream=True,
+                                                           stream_options={"include_usage": True})
         async with stream:
             async for chunk in stream:
+                if chunk.usage is not None:
+                    tokens = chunk.usage.total_tokens
                 if not chunk.choices:
                     continue
                 delta = chunk.choices[0].delta
@@ -192,7 +212,7 @@ class Agent:
         for i, call in enumerate(ordered):
             call["id"] = call["id"] or f"call_{i}"
             call["function"]["arguments"] = call["function"]["arguments"] or "{}"
-        return "".join(parts), ordered
+        return "".join(parts), ordered, tokens
 
     async def _call_tool(self, tc: dict[str, Any], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
                          cancel: threading.Event | None) -> tuple[str, dict[str, Any]]:
@@ -204,7 +224,10 @@ class Agent:
         result = await loop.run_in_executor(
             self.tool_pool, lambda: model_tools.handle_function_call(name, args, enabled_tools=plan.allowed, **ctx))
         elapsed = time.perf_counter() - started
-        self.metrics.tool_latency.labels(name).observe(elapsed)
+        # The name comes from the model: label only tools the run may call, so a model inventing names
+        # cannot grow the metric's label set (and the process's memory) without bound.
+        known = name in plan.allowed or name in model_tools.BRIDGE_TOOLS
+        self.metrics.tool_latency.labels(name if known else "(not allowed)").observe(elapsed)
         is_error = result.startswith('{"error"')
         record = {"name": name, "arguments": args, "result": result[:2000], "seconds": round(elapsed, 6),
                   "error": is_error}

@@ -11,10 +11,11 @@ from typing import Any
 import model_tools
 from gateway.adapters import build_adapters
 from gateway.agent import Agent, build_client
-from gateway.auth import Authorizer
 from gateway.config import Config
+from gateway.cron import CronService, StoreCronBackend
 from gateway.http import HttpServer
 from gateway.logs import redactor
+from gateway.mcp_service import McpService
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.router import Router
@@ -23,9 +24,12 @@ from gateway.store import Store
 from gateway.tool_state import install_tool_backends, uninstall_tool_backends
 from gateway.watchdog import LoopWatchdog
 from platforms.base import AdapterState, BasePlatformAdapter
+from tools.cronjob_tools import set_cron_backend
+from tools.plugins import LoadedPlugins, load_plugins
 from tools.registry import registry
 from tools.url_safety import configure_url_safety
 from tools.web_tools import configure_web_search
+from toolsets import SOURCE_PREFIXES, TOOLSETS, remove_source_toolset, set_source_toolset
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +37,22 @@ logger = logging.getLogger(__name__)
 def _redact_tool_result(name: str, args: dict[str, Any], result: str) -> str:
     """Tool output is stored and shown to the model: keep secrets out of both."""
     return redactor(result)
+
+
+def _install_source_toolsets(cfg: Config, plugins: LoadedPlugins) -> list[str]:
+    """Toolsets of the loaded plugins, plus an empty one (logged) for each mcp-/plugin- toolset the
+    config names that nothing provides, so those runs still start; returns the names created."""
+    created: list[str] = []
+    for plugin in plugins.statuses:
+        if plugin.ok:
+            set_source_toolset(plugin.toolset, f"Tools of plugin {plugin.name}.", plugin.tools)
+            created.append(plugin.toolset)
+    named = {n for names in cfg.toolsets.values() for n in ([names] if isinstance(names, str) else names)}
+    for name in sorted(n for n in named if n.startswith(SOURCE_PREFIXES) and n not in TOOLSETS):
+        logger.warning("toolset %s is named in the config but no MCP server or plugin provides it", name)
+        set_source_toolset(name, "Named in the config; nothing provides it.", ())
+        created.append(name)
+    return created
 
 
 class Gateway:
@@ -47,9 +67,13 @@ class Gateway:
         self.http: HttpServer | None = None
         self.router: Router | None = None
         self.outbox: OutboxSender | None = None
+        self.cron: CronService | None = None
         self._tool_pool: ThreadPoolExecutor | None = None
         self._watchdog: LoopWatchdog | None = None
         self._client: Any = None
+        self.mcp: McpService | None = None
+        self.plugins: LoadedPlugins | None = None
+        self._source_toolsets: list[str] = []
 
     @property
     def port(self) -> int | None:
@@ -63,6 +87,10 @@ class Gateway:
         model_tools.register_hook("transform_tool_result", _redact_tool_result)
         self.store = await Store.open(cfg.store.url)
         registry.discover_builtin_tools()
+        self.plugins = load_plugins(cfg.plugins.dir, entry_points=cfg.plugins.entry_points)
+        self.mcp = McpService(cfg.mcp_servers)
+        self.mcp.start()  # connects in the background: a slow server never delays startup
+        self._source_toolsets = _install_source_toolsets(cfg, self.plugins)
         configure_web_search(cfg.web.search_url)
         configure_url_safety(cfg.web.allow_private_networks)
         install_tool_backends(self.store, asyncio.get_running_loop())
@@ -74,8 +102,11 @@ class Gateway:
             adapter.on_rejected = lambda platform, reason: self.metrics.events.labels(platform, reason).inc()
         self.outbox = OutboxSender(self.store, self.adapters, self.metrics)
         executor = RunExecutor(cfg, self.store, agent, self.adapters, self.outbox, self.metrics)
-        self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics,
-                             Authorizer(cfg.auth))
+        self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics)
+        self.cron = CronService(cfg, self.store, self.router.on_message, self.outbox, self.adapters, self.metrics)
+        executor.cron_hook = self.router.cron = self.cron
+        self.router.mcp = self.mcp
+        set_cron_backend(StoreCronBackend(self.cron, asyncio.get_running_loop()))
         self.http = HttpServer(cfg.http, self.metrics, self.store, self._readiness)
         for adapter in self.adapters.values():
             routes = getattr(adapter, "http_routes", None)
@@ -88,6 +119,7 @@ class Gateway:
             except Exception as exc:  # one broken platform never stops the others
                 logger.error("platform %s failed to start: %s", name, exc)
         await self.router.resume()
+        await self.cron.start()
         self.outbox.start()
         self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
         self._watchdog.start()
@@ -97,23 +129,31 @@ class Gateway:
         store_ok = self.store is not None and await self.store.ping()
         platforms = {name: a.status() for name, a in self.adapters.items()}
         ready = store_ok and all(a.state == AdapterState.CONNECTED for a in self.adapters.values())
-        return ready, {"store": "ok" if store_ok else "unreachable", "platforms": platforms}
+        # Tool sources are detail only: a dead MCP server or a broken plugin never makes the gateway unready.
+        return ready, {"store": "ok" if store_ok else "unreachable", "platforms": platforms,
+                       "mcp": self.mcp.readiness() if self.mcp else {},
+                       "plugins": {p.name: p.to_dict() for p in self.plugins.statuses} if self.plugins else {}}
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop accepting, let running work finish up to the drain timeout, flush the outbox, close."""
         timeout = self.cfg.gateway.drain_timeout if drain_timeout is None else drain_timeout
-        for name, adapter in self.adapters.items():
+        if self.cron is not None:
+            await self.cron.stop()
+        if self.router is not None:
+            self.router.closing = True  # new events are refused, so platforms redeliver them later
+            if not await self.router.lanes.wait_idle(timeout):
+                logger.warning("drain timeout: unfinished runs will resume on the next start")
+            await self.router.lanes.shutdown()
+        if self.mcp is not None:
+            await self.mcp.stop()
+        if self.outbox is not None:
+            await self.outbox.flush(min(5.0, max(0.5, timeout)))
+            await self.outbox.stop()
+        for name, adapter in self.adapters.items():  # after the flush: answers need the connections
             try:
                 await adapter.disconnect()
             except Exception as exc:
                 logger.warning("platform %s did not disconnect cleanly: %s", name, exc)
-        if self.router is not None:
-            if not await self.router.lanes.wait_idle(timeout):
-                logger.warning("drain timeout: unfinished runs will resume on the next start")
-            await self.router.lanes.shutdown()
-        if self.outbox is not None:
-            await self.outbox.flush(min(5.0, max(0.5, timeout)))
-            await self.outbox.stop()
         if self._watchdog is not None:
             await self._watchdog.stop()
         if self.http is not None:
@@ -128,5 +168,10 @@ class Gateway:
         configure_web_search(None)  # the tool settings are process-wide: leave them as we found them
         configure_url_safety(())
         uninstall_tool_backends()
+        set_cron_backend(None)
+        for name in self._source_toolsets:
+            remove_source_toolset(name)
+        if self.plugins is not None:
+            self.plugins.unload()
         model_tools.unregister_hook("transform_tool_result", _redact_tool_result)
         logger.info("gateway stopped")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from platforms.base import MessageEvent
+from tools.cronjob_tools import CronJob
 
 
 @dataclass(slots=True, frozen=True)
@@ -22,8 +23,46 @@ class ParsedCommand:
     args: str
 
 
+class CronControl(Protocol):
+    """The scheduler operations ``/cron`` uses; ``actor`` is the user key, None for an admin (all jobs)."""
+
+    async def list_jobs(self, actor: str | None) -> list[CronJob]:
+        """The actor's jobs."""
+        ...
+
+    async def pause(self, job_id: str, actor: str | None) -> CronJob | None:
+        """Stop a job firing; None when the actor has no such job."""
+        ...
+
+    async def resume(self, job_id: str, actor: str | None) -> CronJob | None:
+        """Let a paused job fire again."""
+        ...
+
+    async def remove(self, job_id: str, actor: str | None) -> bool:
+        """Delete a job."""
+        ...
+
+    async def run_now(self, job_id: str, actor: str | None) -> str | None:
+        """Fire a job once now; the run id."""
+        ...
+
+
+class McpControl(Protocol):
+    """What ``/reload-mcp`` uses."""
+
+    def reload(self) -> str:
+        """Reconnect every MCP server and re-list its tools; the reply text."""
+        ...
+
+
 class CommandHost(Protocol):
     """What commands may ask of the gateway."""
+
+    cron: CronControl | None
+    mcp: McpControl | None
+
+    def is_admin(self, platform: str, user_id: str) -> bool:
+        """Whether the user is a gateway admin."""
 
     async def reset_session(self, session_key: str) -> None:
         """Start a fresh conversation for the session."""
@@ -36,6 +75,9 @@ class CommandHost(Protocol):
 
     def session_tools(self, session_key: str, platform: str) -> list[str]:
         """The tools this session's runs may use."""
+
+    async def approve_pairing(self, event: MessageEvent, code: str) -> str:
+        """Approve a pairing code if the sender is an admin; the reply text."""
 
 
 @dataclass(slots=True)
@@ -91,6 +133,46 @@ async def _whoami(ctx: CommandContext) -> str:
             + (f"\nThread: {e.thread_id}" if e.thread_id else ""))
 
 
+async def _pair(ctx: CommandContext) -> str:
+    action, _, code = ctx.args.partition(" ")
+    if action != "approve" or not code.strip():
+        return "Usage: /pair approve CODE"
+    return await ctx.host.approve_pairing(ctx.event, code.strip())
+
+
+_CRON_USAGE = "Usage: /cron list | /cron pause ID | /cron resume ID | /cron remove ID | /cron run ID"
+
+
+async def _cron(ctx: CommandContext) -> str:
+    cron = ctx.host.cron
+    if cron is None:
+        return "Scheduled jobs are not available on this gateway."
+    e = ctx.event
+    actor = None if ctx.host.is_admin(e.platform, e.user_id) else f"{e.platform}:{e.user_id}"
+    action, _, job_id = ctx.args.partition(" ")
+    action, job_id = action.lower() or "list", job_id.strip()
+    if action == "list":
+        jobs = await cron.list_jobs(actor)
+        if not jobs:
+            return "No scheduled jobs. Ask me to schedule something, e.g. 'every weekday at 9:00, summarize the news'."
+        return "\n".join(["Scheduled jobs:", *(j.summary() for j in jobs)])
+    if action not in ("pause", "resume", "remove", "run") or not job_id:
+        return _CRON_USAGE
+    missing = f"No job {job_id!r}. /cron list shows your jobs."
+    if action == "remove":
+        return f"Removed job {job_id}." if await cron.remove(job_id, actor) else missing
+    if action == "run":
+        return f"Running job {job_id} now." if await cron.run_now(job_id, actor) else missing
+    job = await (cron.pause if action == "pause" else cron.resume)(job_id, actor)
+    return missing if job is None else f"{action.capitalize()}d: {job.summary()}"
+
+
+async def _reload_mcp(ctx: CommandContext) -> str:
+    if not ctx.host.is_admin(ctx.event.platform, ctx.event.user_id):
+        return "Only gateway admins can reload MCP servers."
+    return ctx.host.mcp.reload() if ctx.host.mcp is not None else "No MCP servers are configured."
+
+
 COMMANDS: dict[str, tuple[str, Handler]] = {
     "help": ("show this help", _help),
     "new": ("start a new conversation", _new),
@@ -100,8 +182,12 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     "model": ("show the model", _model),
     "tools": ("list the tools available here", _tools),
     "whoami": ("your ids as the gateway sees them", _whoami),
+    "cron": ("your scheduled jobs (/cron list|pause|resume|remove|run ID)", _cron),
+    "pair": ("admins: approve a pairing code (/pair approve CODE)", _pair),
+    "reload-mcp": ("admins: reconnect the MCP servers and re-list their tools", _reload_mcp),
+    "reload_mcp": ("same as /reload-mcp", _reload_mcp),
 }
-ALIASES = frozenset({"reset"})
+ALIASES = frozenset({"reset", "reload_mcp"})
 
 
 def parse_command(text: str, bot_username: str | None = None) -> ParsedCommand | None:

@@ -41,13 +41,19 @@ __all__ = [
     "Config",
     "ConfigError",
     "CronSettings",
+    "DiscordPlatform",
     "GatewaySettings",
     "HttpSettings",
     "LoggingSettings",
+    "McpServer",
     "ModelSettings",
     "PlatformAuth",
     "Platforms",
+    "PluginSettings",
+    "SlackPlatform",
     "StoreSettings",
+    "TelegramPlatform",
+    "TelegramRateLimit",
     "ToolSearchSettings",
     "WebSettings",
     "WebhookPlatform",
@@ -63,8 +69,12 @@ _DELIVERY_PLATFORMS = (*_CHAT_PLATFORMS, "callback")
 _TOOLSET_PLATFORMS = (*_CHAT_PLATFORMS, "webhook", "cron")
 _PLUGIN_PREFIXES = ("mcp-", "plugin-")
 # Field names whose values must never be echoed in an error message.
-_SECRET_FIELDS = frozenset({"api_key", "api_token", "secret"})
+_SECRET_FIELDS = frozenset({"api_key", "api_token", "secret", "token", "webhook_secret", "bot_token", "app_token",
+                            "signing_secret"})
 _ROUTE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_TELEGRAM_TOKEN = re.compile(r"\d+:[A-Za-z0-9_-]+")
+_TELEGRAM_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _STORE_FORMS = ("sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql://USER:PASSWORD@HOST/DB "
                 "or postgresql+asyncpg://USER:PASSWORD@HOST/DB")
 
@@ -428,9 +438,196 @@ class CallbackPlatform(_Section):
     targets: dict[str, CallbackTarget] = Field(default_factory=dict)
 
 
+class TelegramRateLimit(_Section):
+    """PTB's AIORateLimiter throttles; 0 switches a level off (flood-control 429s go to the outbox)."""
+
+    overall_per_second: float = Field(30.0, ge=0)
+    group_per_minute: float = Field(20.0, ge=0)
+
+
+def _check_telegram_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise _invalid("must start with /", "e.g. /telegram/webhook")
+    return value
+
+
+class TelegramPlatform(_Section):
+    """A Telegram bot through the Bot API, by long polling or a webhook on the gateway's HTTP server."""
+
+    enabled: bool = False
+    token: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
+    base_url: Annotated[str, AfterValidator(_check_http_url)] = "https://api.telegram.org/bot"
+    base_file_url: Annotated[str, AfterValidator(_check_http_url)] = "https://api.telegram.org/file/bot"
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: Annotated[Annotated[str, AfterValidator(_check_http_url)] | None,
+                           BeforeValidator(_empty_to_none)] = None
+    webhook_secret: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
+    webhook_path: Annotated[str, AfterValidator(_check_telegram_path)] = "/telegram/webhook"
+    poll_timeout: int = Field(30, ge=1, le=300)
+    group_trigger: Literal["mention", "always"] = "mention"
+    edited_messages: Literal["ignore", "handle"] = "ignore"
+    max_attachment_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    parse_mode: Literal["markdown", "html", "plain"] = "html"
+    rate_limit: TelegramRateLimit = Field(default_factory=TelegramRateLimit)
+
+    @model_validator(mode="after")
+    def _required_when_enabled(self) -> Self:
+        if not self.enabled:
+            return self
+        problems: list[_Problem] = []
+        token = self.token.get_secret_value() if self.token else ""
+        if not token:
+            problems.append(_Problem(("token",), "required when platforms.telegram.enabled is true",
+                                     "the token @BotFather gave you; keep it in an env var: ${TELEGRAM_BOT_TOKEN}"))
+        elif not _TELEGRAM_TOKEN.fullmatch(token):
+            problems.append(_Problem(("token",), "does not look like a bot token",
+                                     "it has the form 123456789:AAE...; copy it from @BotFather"))
+        if self.mode == "webhook":
+            if self.webhook_url is None:
+                problems.append(_Problem(("webhook_url",), "required in webhook mode",
+                                         "the public https URL Telegram posts updates to"))
+            secret = self.webhook_secret.get_secret_value() if self.webhook_secret else ""
+            if not secret:
+                problems.append(_Problem(("webhook_secret",), "required in webhook mode",
+                                         "a random string, e.g. `openssl rand -hex 32`"))
+            elif not _TELEGRAM_SECRET.fullmatch(secret):
+                problems.append(_Problem(("webhook_secret",), "may only use A-Z, a-z, 0-9, _ and - (1-256)",
+                                         "e.g. `openssl rand -hex 32`"))
+        _raise_if(problems)
+        return self
+
+
+_SLACK_COMMAND = re.compile(r"/[a-z0-9_-]{1,31}")
+
+
+def _check_slack_events_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise _invalid("must start with /", "e.g. /slack/events")
+    return value
+
+
+def _check_slack_command(value: str) -> str:
+    if not _SLACK_COMMAND.fullmatch(value):
+        raise _invalid(f"not a slash command name: {value!r}",
+                       "a / and 1-31 lowercase letters, digits, - or _, as in the Slack app settings, e.g. /hermes")
+    return value
+
+
+_SlackSecret = Annotated[SecretStr | None, BeforeValidator(_empty_to_none)]
+
+
+class SlackPlatform(_Section):
+    """A Slack app through slack-bolt: Socket Mode, or the HTTP Events API on the gateway's HTTP server."""
+
+    enabled: bool = False
+    mode: Literal["socket", "http"] = "socket"
+    bot_token: _SlackSecret = None
+    app_token: _SlackSecret = None
+    signing_secret: _SlackSecret = None
+    # slack-sdk appends the method name to the base URL as is, so it must end with "/".
+    api_base_url: Annotated[str, AfterValidator(_check_http_url),
+                            AfterValidator(lambda v: v if v.endswith("/") else v + "/")] = "https://slack.com/api/"
+    events_path: Annotated[str, AfterValidator(_check_slack_events_path)] = "/slack/events"
+    slash_command: Annotated[str, AfterValidator(_check_slack_command)] = "/hermes"
+    reply_in_thread: bool = True
+    ping_interval: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _required_when_enabled(self) -> Self:
+        if not self.enabled:
+            return self
+        bot = self.bot_token.get_secret_value() if self.bot_token else ""
+        app = self.app_token.get_secret_value() if self.app_token else ""
+        problems: list[_Problem] = []
+        if not bot:
+            problems.append(_Problem(("bot_token",), "required when platforms.slack.enabled is true",
+                                     "the Bot User OAuth Token (xoxb-...); keep it in an env var: ${SLACK_BOT_TOKEN}"))
+        elif bot.startswith("xapp-"):
+            problems.append(_Problem(("bot_token",), "this is an app-level token",
+                                     "bot_token takes the Bot User OAuth Token (xoxb-...); the xapp- token is "
+                                     "app_token"))
+        if self.mode == "socket":
+            if not app:
+                problems.append(_Problem(("app_token",), "required in socket mode",
+                                         "an app-level token (xapp-...) with connections:write, or set mode: http"))
+            elif not app.startswith("xapp-"):
+                problems.append(_Problem(("app_token",), "does not look like an app-level token",
+                                         "app-level tokens start with xapp- (Basic Information > App-Level Tokens)"))
+        if self.mode == "http" and not (self.signing_secret and self.signing_secret.get_secret_value()):
+            problems.append(_Problem(("signing_secret",), "required in http mode",
+                                     "Basic Information > App Credentials > Signing Secret in the Slack app settings"))
+        _raise_if(problems)
+        return self
+
+
+def _check_ws_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        raise _invalid("must be a ws:// or wss:// URL", "e.g. wss://gateway.discord.gg")
+    return value
+
+
+class DiscordPlatform(_Section):
+    """A Discord bot through discord.py: the gateway websocket for events, REST for sends."""
+
+    model_config = ConfigDict(coerce_numbers_to_str=True)  # ids are usually written unquoted
+
+    enabled: bool = False
+    token: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
+    api_base_url: Annotated[str, AfterValidator(_check_http_url),
+                            AfterValidator(lambda v: v.rstrip("/"))] = "https://discord.com/api/v10"
+    gateway_url: Annotated[Annotated[str, AfterValidator(_check_ws_url)] | None,
+                           BeforeValidator(_empty_to_none)] = None
+    shard_count: int | None = Field(None, ge=1)
+    shard_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    respond_in_guilds: Literal["mention", "always"] = "mention"
+    allowed_guilds: list[str] = Field(default_factory=list)
+    allowed_channels: list[str] = Field(default_factory=list)
+    allow_mentions: bool = False
+    max_ratelimit_timeout: float = Field(30.0, ge=30)  # discord.py's minimum
+    heartbeat_timeout: float = Field(60.0, gt=0)
+    guild_ready_timeout: float = Field(2.0, ge=0)
+    reconnect_backoff: float = Field(5.0, ge=0)
+    backfill_window: float = Field(3600.0, ge=0)
+    state_file: Path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _home_default(cls, data: Any, info: ValidationInfo) -> Any:
+        # Like the store, the default follows the loader's env, not necessarily os.environ.
+        if isinstance(data, Mapping) and data.get("state_file") in (None, ""):
+            data = {**data, "state_file": gateway_home(_context(info).env) / "discord-state.json"}
+        return data
+
+    @field_validator("state_file")
+    @classmethod
+    def _resolve_state_file(cls, value: Path, info: ValidationInfo) -> Path:
+        return _resolve_path(value, info)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        problems: list[_Problem] = []
+        if self.enabled and not (self.token and self.token.get_secret_value()):
+            problems.append(_Problem(("token",), "required when platforms.discord.enabled is true",
+                                     "the bot token from the Developer Portal (Bot > Token); keep it in an env "
+                                     "var: ${DISCORD_BOT_TOKEN}"))
+        if self.shard_ids is not None:
+            if self.shard_count is None:
+                problems.append(_Problem(("shard_ids",), "needs shard_count", "set shard_count to the total number "
+                                         "of shards across all processes"))
+            elif bad := [i for i in self.shard_ids if i >= self.shard_count]:
+                problems.append(_Problem(("shard_ids",), f"shard ids {bad} are not below shard_count "
+                                         f"{self.shard_count}", "shard ids run from 0 to shard_count - 1"))
+        _raise_if(problems)
+        return self
+
+
 class Platforms(_Section):
     """Per-platform settings."""
 
+    telegram: TelegramPlatform = Field(default_factory=TelegramPlatform)
+    discord: DiscordPlatform = Field(default_factory=DiscordPlatform)
+    slack: SlackPlatform = Field(default_factory=SlackPlatform)
     webhook: WebhookPlatform = Field(default_factory=WebhookPlatform)
     callback: CallbackPlatform = Field(default_factory=CallbackPlatform)
 
@@ -463,19 +660,39 @@ class PlatformAuth(_Section):
     allow_all: bool = False
     allowed_users: list[str] = Field(default_factory=list)
     allowed_chats: list[str] = Field(default_factory=list)
+    denied_users: list[str] = Field(default_factory=list)
 
 
 class AuthSettings(_Section):
-    """Admins and per-platform allow lists."""
+    """Admins, per-platform allow and deny lists, DM pairing."""
 
     admins: list[Annotated[str, AfterValidator(_check_admin)]] = Field(default_factory=list)
     platforms: dict[_AuthPlatform, PlatformAuth] = Field(default_factory=dict)
+    dm_pairing: bool = False
+    pairing_code_ttl_seconds: int = Field(3600, ge=60)
+    max_pending_codes: int = Field(3, ge=1)
+
+
+class LimitsSettings(_Section):
+    """Abuse limits: inbound rate per user, and budgets per run and per user."""
+
+    user_messages_per_minute: float = Field(20, gt=0)
+    user_burst: int = Field(10, ge=1)
+    run_max_tool_calls: int = Field(50, ge=1)
+    run_max_tokens: int | None = Field(None, ge=1)
+    user_max_model_calls_per_hour: int | None = Field(None, ge=1)
+    user_max_tokens_per_hour: int | None = Field(None, ge=1)
 
 
 class CronSettings(_Section):
     """Scheduled runs."""
 
     timezone: str = "UTC"
+    misfire_grace_seconds: float = Field(3600.0, ge=0)
+    max_consecutive_failures: int = Field(3, ge=1)
+    min_interval_seconds: int = Field(60, ge=1)
+    max_jobs_per_user: int = Field(50, ge=1)
+    sync_interval_seconds: float = Field(5.0, gt=0)
 
     @field_validator("timezone")
     @classmethod
@@ -495,6 +712,56 @@ class ToolSearchSettings(_Section):
 
     enabled: bool = True
     threshold: float = Field(0.10, ge=0, le=1)
+
+
+def _check_server_name(name: str) -> str:
+    if not _MCP_SERVER_NAME.fullmatch(name):
+        raise _invalid("invalid MCP server name", "use 1-32 letters, digits, '_' or '-'; it becomes toolset mcp-<name>")
+    return name
+
+
+class McpServer(_Section):
+    """One MCP server: a command run as a subprocess (stdio) or a streamable HTTP endpoint (url)."""
+
+    # Env values and header values are often numbers or tokens written unquoted.
+    model_config = ConfigDict(coerce_numbers_to_str=True)
+
+    command: str | None = Field(None, min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, SecretStr] = Field(default_factory=dict)
+    url: Annotated[str, AfterValidator(_check_http_url)] | None = None
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    timeout: float = Field(60.0, gt=0)
+    connect_timeout: float = Field(10.0, gt=0)
+    enabled_tools: list[str] | None = None
+    disabled_tools: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> Self:
+        if (self.command is None) == (self.url is None):
+            raise _invalid("set either command (a stdio server) or url (a streamable HTTP server)",
+                           "e.g. command: npx with args: [-y, some-mcp-server], or url: https://host/mcp")
+        wrong = ("args", "env") if self.url is not None else ("headers",)
+        _raise_if([_Problem((key,), f"only used with {'command' if self.url is not None else 'url'}",
+                            "remove it, or switch the transport") for key in wrong if getattr(self, key)])
+        return self
+
+
+class PluginSettings(_Section):
+    """Python tool plugins: installed entry points and a directory of .py files."""
+
+    dir: Path | None = None
+    entry_points: bool = True
+
+    @field_validator("dir")
+    @classmethod
+    def _existing_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        path = _resolve_path(value, info)
+        if not path.is_dir():
+            raise _invalid(f"not a directory: {path}", "create it, or remove the key")
+        return path
 
 
 def _check_network(value: str) -> str:
@@ -543,11 +810,14 @@ class Config(_Section):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     platforms: Platforms = Field(default_factory=Platforms)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
     cron: CronSettings = Field(default_factory=CronSettings)
     toolsets: dict[_ToolsetPlatform, _StrOrList] = Field(default_factory=dict)
     tool_search: ToolSearchSettings = Field(default_factory=ToolSearchSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    mcp_servers: dict[Annotated[str, AfterValidator(_check_server_name)], McpServer] = Field(default_factory=dict)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)
 
     @model_validator(mode="before")
     @classmethod

@@ -31,6 +31,14 @@ class Metrics:
         self.loop_lag = Gauge("hermes_event_loop_lag_seconds", "Main event loop lag (last sample)", registry=r)
         self.loop_lag_max = Gauge("hermes_event_loop_lag_max_seconds", "Largest main loop lag since start",
                                   registry=r)
+        self.cron_jobs = Gauge("hermes_cron_jobs", "Cron jobs by state", ["state"], registry=r)
+        self.cron_fires = Counter("hermes_cron_fires_total", "Cron fires claimed, by trigger "
+                                  "(scheduled, catch_up after downtime, manual)", ["trigger"], registry=r)
+        self.cron_misfires = Counter("hermes_cron_misfires_total", "Cron jobs that missed fire times, by outcome "
+                                     "(ran_once, skipped, expired)", ["action"], registry=r)
+        self.cron_failures = Counter("hermes_cron_failures_total", "Failed cron runs", registry=r)
+        self.cron_fire_lag = Histogram("hermes_cron_fire_lag_seconds", "Scheduled fire time to claimed fire",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
 
     def render(self) -> bytes:
         """Prometheus text exposition."""

@@ -44,10 +44,10 @@ class OutboxSender:
         self.clock = clock
         self._wake = asyncio.Event()
         self._busy_chats: set[tuple[str, str]] = set()
-        # Parts this process already handled, with the earliest time each may be tried again
-        # (inf once sent or failed): a scan that started before the handling committed must
-        # not send them again.
-        self._not_before: dict[int, float] = {}
+        # Parts this process already handled: the earliest time each may be tried again (inf once
+        # sent or failed) and the attempts made. A scan that read the outbox before the handling
+        # committed must neither send them again nor lose count of their attempts.
+        self._handled: dict[int, tuple[float, int]] = {}
         self._chat_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
 
@@ -85,22 +85,26 @@ class OutboxSender:
             except Exception:
                 logger.exception("outbox scan failed")
                 wait = 1.0
+            # not asyncio.wait_for: on 3.11 it swallows a cancel that coincides with a wake, so stop() hung
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     async def _dispatch_due(self) -> float:
         rows = await self.store.pending_outbox()
         self.metrics.outbox_depth.set(len(rows))
         now = self.clock()
         seen = {row.id for row in rows}
-        self._not_before = {i: t for i, t in self._not_before.items() if i in seen}
+        self._handled = {i: h for i, h in self._handled.items() if i in seen}
         by_chat: dict[tuple[str, str], list[OutboxRow]] = {}
         for row in rows:
-            not_before = self._not_before.get(row.id)
-            if not_before is not None:
+            handled = self._handled.get(row.id)
+            if handled is not None:
+                not_before, attempts = handled
                 if not_before == float("inf"):
                     continue
                 row.next_attempt_at = max(row.next_attempt_at, not_before)
+                row.attempts = max(row.attempts, attempts)
             by_chat.setdefault((row.platform, row.chat_id), []).append(row)
         next_due = 5.0
         for chat, chat_rows in by_chat.items():
@@ -128,8 +132,9 @@ class OutboxSender:
     async def _send_one(self, row: OutboxRow) -> bool:
         """Deliver one part; returns whether the chat may go on to its next part."""
         adapter = self.adapters.get(row.platform)
+        attempts = row.attempts + 1
         if adapter is None:
-            self._not_before[row.id] = float("inf")
+            self._handled[row.id] = (float("inf"), attempts)
             await self.store.mark_failed(row.id, f"no adapter for platform {row.platform!r}")
             self.metrics.deliveries.labels(row.platform, "failed").inc()
             logger.error("outbox %s: no adapter for platform %s; dropped", row.id, row.platform)
@@ -144,20 +149,20 @@ class OutboxSender:
             logger.exception("outbox %s: %s send raised", row.id, row.platform)
             result = SendResult(success=False, error=f"{type(exc).__name__}: {exc}", retryable=True)
         if result.success:
-            self._not_before[row.id] = float("inf")
+            self._handled[row.id] = (float("inf"), attempts)
             await self.store.mark_sent(row.id, result.message_id)
             self.metrics.deliveries.labels(row.platform, "sent").inc()
             return True
-        attempts = row.attempts + 1
         if result.retryable and attempts < MAX_ATTEMPTS:
             delay = backoff_delay(attempts, result.retry_after)
-            self._not_before[row.id] = self.clock() + delay
-            await self.store.mark_retry(row.id, self.clock() + delay, result.error or "retryable failure")
+            retry_at = self.clock() + delay
+            self._handled[row.id] = (retry_at, attempts)
+            await self.store.mark_retry(row.id, retry_at, result.error or "retryable failure")
             self.metrics.deliveries.labels(row.platform, "retry").inc()
             logger.warning("outbox %s to %s:%s failed (%s); retry in %.1fs", row.id, row.platform, row.chat_id,
                            result.error, delay)
             return False
-        self._not_before[row.id] = float("inf")
+        self._handled[row.id] = (float("inf"), attempts)
         await self.store.mark_failed(row.id, result.error or "failed")
         self.metrics.deliveries.labels(row.platform, "failed").inc()
         logger.error("outbox %s to %s:%s failed permanently: %s", row.id, row.platform, row.chat_id, result.error)

@@ -13,18 +13,25 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.auth import Authorizer
-from gateway.commands import CommandContext, parse_command, run_command
+from gateway.auth import SIGNED_PLATFORMS, Authorizer, Decision
+from gateway.commands import CommandContext, CronControl, McpControl, parse_command, run_command
 from gateway.config import Config
+from gateway.limits import InboundLimiter
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
+from gateway.pairing import PairingStore, format_code, notify_approved
 from gateway.runs import RunExecutor, RunJob, Target
 from gateway.session import SessionLanes, session_key
 from gateway.store import InboxRow, NewRun, OutboxPart, Store
-from platforms.base import Accepted, BasePlatformAdapter, MessageEvent, SessionSource, split_message
+from platforms.base import Accepted, BasePlatformAdapter, GatewayClosing, MessageEvent, SessionSource, split_message
 from toolsets import toolset_for_platform
 
 logger = logging.getLogger(__name__)
+
+
+RATE_LIMIT_NOTICE = "You're sending messages faster than I can answer. I'll skip a few; please slow down a little."
+PAIRING_NOTICE = ("Hi! This bot only talks to people its operator approved. To request access, send the operator "
+                  "this code: {code} (valid for one hour).")
 
 
 def _format_uptime(seconds: float) -> str:
@@ -49,17 +56,22 @@ class Router:
     """Routes accepted events to commands and runs; implements ``CommandHost``."""
 
     def __init__(self, cfg: Config, store: Store, executor: RunExecutor, outbox: OutboxSender,
-                 adapters: Mapping[str, BasePlatformAdapter], metrics: Metrics, authorizer: Authorizer) -> None:
+                 adapters: Mapping[str, BasePlatformAdapter], metrics: Metrics) -> None:
         self.cfg = cfg
         self.store = store
         self.executor = executor
         self.outbox = outbox
         self.adapters = adapters
         self.metrics = metrics
-        self.auth = authorizer
+        self.pairing = PairingStore(store, cfg.auth.pairing_code_ttl_seconds, cfg.auth.max_pending_codes)
+        self.auth = Authorizer(cfg.auth, self.pairing)
+        self.limiter = InboundLimiter(cfg.limits)
         self.lanes = SessionLanes()
+        self.closing = False
         self.started_at = time.monotonic()
         self._running: dict[str, str] = {}  # session key -> run id
+        self.cron: CronControl | None = None  # set by the gateway once its scheduler runs
+        self.mcp: McpControl | None = None  # set by the gateway
 
     # -- intake ----------------------------------------------------------
 
@@ -76,6 +88,11 @@ class Router:
             toolsets = [route.toolset] if isinstance(route.toolset, str) else list(route.toolset)
             target = parse_target(route.deliver_to)
             kind, source, history = "webhook", event.chat_id, False
+        elif event.platform == "cron":  # a scheduled job's fire (gateway/cron.py): fresh context, origin chat
+            toolsets = toolset_for_platform("cron", self.cfg.toolsets)
+            meta = event.metadata
+            target = Target(meta["target_platform"], meta["target_chat_id"], meta.get("target_thread_id"))
+            kind, source, history = "cron", meta["job_id"], False
         else:
             toolsets = toolset_for_platform(event.platform, self.cfg.toolsets)
             target = Target(event.platform, event.chat_id, event.thread_id, event.message_id)
@@ -86,13 +103,28 @@ class Router:
         return run, payload
 
     async def on_message(self, event: MessageEvent) -> Accepted | None:
-        """Accept an event once; returns its acceptance, or None when it was refused."""
-        if not self.auth.allows(event):
+        """Accept an event once; returns its acceptance, or None when it was refused.
+
+        Raises GatewayClosing while shutting down, so the adapter does not acknowledge the event.
+        """
+        if self.closing:
+            raise GatewayClosing("the gateway is shutting down; deliver this event again later")
+        decision = await self.auth.check(event)
+        if decision is not Decision.ALLOW:
             self.metrics.events.labels(event.platform, "unauthorized").inc()
             logger.info("unauthorized %s user %s in chat %s ignored", event.platform, event.user_id, event.chat_id)
+            if decision is Decision.PAIR:
+                await self._offer_pairing(event)
             return None
+        if event.platform not in SIGNED_PLATFORMS:
+            allowed, notify = self.limiter.check(f"{event.platform}:{event.user_id}")
+            if not allowed:
+                self.metrics.events.labels(event.platform, "rate_limited").inc()
+                if notify:
+                    await self._notify(event, "rate", RATE_LIMIT_NOTICE)
+                return None
         command = (parse_command(event.text, self._bot_username(event.platform))
-                   if event.platform != "webhook" else None)
+                   if event.platform not in SIGNED_PLATFORMS else None)
         if command is not None:
             key = self._session_of(event)
             acc = await self.store.accept(event.dedupe_key, event.platform, "command", key,
@@ -102,13 +134,38 @@ class Router:
         else:
             run_id = uuid.uuid4().hex
             run, payload = self._new_run(event, run_id)
-            key = f"webhook:{event.chat_id}:{run_id}" if run.kind == "webhook" else self._session_of(event)
+            key = (f"webhook:{event.chat_id}:{run_id}" if run.kind == "webhook"
+                   else f"cron:{run.source}" if run.kind == "cron" else self._session_of(event))
             acc = await self.store.accept(event.dedupe_key, event.platform, run.kind, key, payload, run)
             if not acc.duplicate:
                 self._submit(RunJob(acc.inbox_id, run_id, run.kind, run.source, key, event, run.toolsets,
                                     Target.from_dict(payload["target"]), payload["history"]))
         self.metrics.events.labels(event.platform, "duplicate" if acc.duplicate else "accepted").inc()
         return Accepted(acc.run_id, acc.duplicate)
+
+    async def _notify(self, event: MessageEvent, kind: str, text: str) -> None:
+        """Send a gateway notice to the event's chat (not part of any run)."""
+        await self.store.enqueue([OutboxPart(f"{kind}:{event.dedupe_key}", event.platform, event.chat_id, text,
+                                             event.thread_id, event.message_id)])
+        self.outbox.wake()
+
+    async def _offer_pairing(self, event: MessageEvent) -> None:
+        code = await self.pairing.issue(event.platform, event.user_id, event.user_name, event.chat_id)
+        if code is None:
+            return  # a code went out within the hour, or too many are pending: stay quiet
+        logger.warning("pairing code issued to %s user %s (%s); approve with: hermes-gateway pairing approve %s",
+                       event.platform, event.user_id, event.user_name, format_code(code))
+        await self._notify(event, "pair", PAIRING_NOTICE.format(code=format_code(code)))
+
+    async def approve_pairing(self, event: MessageEvent, code: str) -> str:
+        """``/pair approve CODE`` from an admin: approve and tell the user."""
+        if not self.auth.is_admin(event.platform, event.user_id):
+            return "Only gateway admins can approve pairing codes."
+        result = await self.pairing.approve(code, f"{event.platform}:{event.user_id}")
+        if result.ok and result.code is not None:
+            await notify_approved(self.store, result.code)
+            self.outbox.wake()
+        return result.message
 
     def _submit(self, job: RunJob) -> None:
         if self.cfg.gateway.busy == "interrupt" and job.kind == "chat":
@@ -181,6 +238,10 @@ class Router:
         return {"model": self.cfg.model.name, "busy": self.lanes.is_busy(session_key),
                 "queued": self.lanes.queued(session_key),
                 "uptime": _format_uptime(time.monotonic() - self.started_at)}
+
+    def is_admin(self, platform: str, user_id: str) -> bool:
+        """Whether the user is listed in ``auth.admins``."""
+        return self.auth.is_admin(platform, user_id)
 
     def session_tools(self, session_key: str, platform: str) -> list[str]:
         """Tools this platform's sessions may use now."""

@@ -14,11 +14,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import model_tools
 from gateway.agent import Agent, ModelError, trim_history
 from gateway.config import Config
+from gateway.limits import RunBudget, UserBudgets
 from gateway.logs import redactor
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
@@ -67,6 +68,18 @@ class RunJob:
     toolsets: list[str]
     target: Target | None
     history: bool
+
+
+class CronHook(Protocol):
+    """How the scheduler (gateway/cron.py) takes part in its runs."""
+
+    async def should_deliver(self, job: RunJob, done: RunCompletion) -> bool:
+        """Whether the finished run's answer is delivered (asked before the deliveries are built)."""
+        ...
+
+    async def run_finished(self, job: RunJob, done: RunCompletion, delivered: bool) -> None:
+        """Called once the run's completion is stored."""
+        ...
 
 
 class _StreamPreview:
@@ -131,9 +144,11 @@ class RunExecutor:
         self._route_slots = {name: asyncio.Semaphore(route.max_concurrency)
                              for name, route in cfg.platforms.webhook.routes.items()}
         self._cancel: dict[str, threading.Event] = {}
+        self.user_budgets = UserBudgets(cfg.limits)
         self._stop_requested: set[str] = set()
         self.search_cfg = model_tools.ToolSearchConfig(cfg.tool_search.enabled, cfg.model.context_window,
                                                        cfg.tool_search.threshold)
+        self.cron_hook: CronHook | None = None  # set by the gateway when its scheduler runs
 
     def plan_for(self, toolsets: list[str]) -> model_tools.ToolPlan:
         """The tool plan for a run using ``toolsets``."""
@@ -147,14 +162,23 @@ class RunExecutor:
             event.set()
 
     async def execute(self, job: RunJob) -> None:
-        """Run the job once slots allow."""
-        if job.kind == "webhook":
-            route_slot = self._route_slots.setdefault(job.source, asyncio.Semaphore(4))
-            async with self._webhook_slots, route_slot:
-                await self._execute(job)
-        else:
-            async with self._chat_slots:
-                await self._execute(job)
+        """Run the job once slots allow; a run stopped before it started is recorded as cancelled."""
+        try:
+            if job.kind == "webhook":
+                # the route's slot first: runs queued behind a saturated route must not hold global slots
+                route_slot = self._route_slots.setdefault(job.source, asyncio.Semaphore(4))
+                async with route_slot, self._webhook_slots:
+                    await self._execute(job)
+            else:
+                async with self._chat_slots:
+                    await self._execute(job)
+        except asyncio.CancelledError:
+            if job.run_id not in self._stop_requested:
+                raise  # shutdown: the run stays unfinished and resumes on the next start
+            await self.store.finish_run(RunCompletion(job.run_id, job.inbox_id, "cancelled", error="stopped by user",
+                                                      session_key=job.session_key))
+        finally:
+            self._stop_requested.discard(job.run_id)
 
     async def _messages(self, job: RunJob) -> tuple[list[dict[str, Any]], int | None]:
         system = self.agent.system_prompt + ("\n\n" + WEBHOOK_SYSTEM_NOTE if job.kind == "webhook" else "")
@@ -191,12 +215,21 @@ class RunExecutor:
             messages, done.epoch = await self._messages(job)
             plan = self.plan_for(job.toolsets)
             e = job.event
-            tool_ctx = {"session_key": job.session_key, "user_key": f"{e.platform}:{e.user_id}",
-                        "platform": e.platform, "chat_id": e.chat_id, "run_id": job.run_id,
+            # A cron event's user_id is its owner's user key, so scheduled runs see the owner's memory.
+            tool_ctx = {"session_key": job.session_key,
+                        "user_key": e.user_id if job.kind == "cron" else f"{e.platform}:{e.user_id}",
+                        "platform": e.platform, "chat_id": e.chat_id, "thread_id": e.thread_id,
+                        "is_admin": f"{e.platform}:{e.user_id}" in self.cfg.auth.admins, "run_id": job.run_id,
                         "workspace": str(self.cfg.gateway.workspace)}
+            user_key = tool_ctx["user_key"] if job.kind == "chat" else None
+            budget = RunBudget(self.cfg.limits.run_max_tool_calls, self.cfg.limits.run_max_tokens, user_key,
+                               self.user_budgets)
+            refusal = self.user_budgets.exceeded(user_key) if user_key else None
             try:
-                outcome = await self.agent.run(messages, plan, tool_ctx,
-                                               on_text=preview.update if preview else None, cancel=cancel)
+                if refusal is not None:
+                    raise ModelError(refusal, "user budget exceeded")
+                outcome = await self.agent.run(messages, plan, tool_ctx, on_text=preview.update if preview else None,
+                                               cancel=cancel, budget=budget)
                 done.result = outcome.text or "(the model returned an empty answer)"
                 done.tool_calls, done.model_calls = outcome.tool_calls, outcome.model_calls
                 done.model_seconds = outcome.model_seconds
@@ -220,12 +253,17 @@ class RunExecutor:
             self.metrics.runs_in_flight.labels(job.kind).dec()
             self._cancel.pop(job.run_id, None)
         self._stop_requested.discard(job.run_id)
-        if done.result is not None and job.target is not None:
+        deliver = done.result is not None and job.target is not None
+        if deliver and job.kind == "cron" and self.cron_hook is not None:
+            deliver = await self.cron_hook.should_deliver(job, done)
+        if deliver and done.result is not None:
             done.deliveries = self._parts(job, done.result, preview.message_id if preview else None)
         if await self.store.finish_run(done):
             self.outbox.wake()
             self.metrics.runs.labels(job.kind, done.status).inc()
             self.metrics.run_latency.labels(job.kind).observe(time.perf_counter() - started)
+            if job.kind == "cron" and self.cron_hook is not None:
+                await self.cron_hook.run_finished(job, done, deliver)
 
     def _parts(self, job: RunJob, text: str, preview_id: str | None) -> list[OutboxPart]:
         target = job.target

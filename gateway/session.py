@@ -42,6 +42,9 @@ class _Lane:
     queue: deque[Work] = field(default_factory=deque)
     worker: asyncio.Task[None] | None = None
     current: asyncio.Task[None] | None = None
+    # Set once the running item was cancelled: a second cancel would land in its cleanup
+    # (recording the cancellation) and leave the run unfinished.
+    stopping: bool = False
 
 
 class SessionLanes:
@@ -74,7 +77,7 @@ class SessionLanes:
                 except Exception:
                     logger.exception("work for session %s failed", key)
                 finally:
-                    lane.current = None
+                    lane.current, lane.stopping = None, False
         finally:
             lane.worker = None
             if not lane.queue and self._lanes.get(key) is lane:
@@ -91,11 +94,16 @@ class SessionLanes:
         return len(lane.queue) if lane else 0
 
     def cancel_current(self, key: str) -> bool:
-        """Cancel the running item of a session (the queue goes on); returns whether one was running."""
+        """Cancel the running item of a session (the queue goes on); returns whether one was running.
+
+        Cancelling an item that is already stopping is a no-op (still True).
+        """
         lane = self._lanes.get(key)
         if lane is None or lane.current is None or lane.current.done():
             return False
-        lane.current.cancel()
+        if not lane.stopping:
+            lane.stopping = True
+            lane.current.cancel()
         return True
 
     @property

@@ -9,18 +9,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gateway.store import Store, ToolStateStore
 from tools.memory_tool import InMemoryMemoryBackend, MemoryNote, set_memory_backend
 from tools.todo_tool import InMemoryTodoBackend, TodoItem, TodoStatus, set_todo_backend
 
 T = TypeVar("T")
+S = TypeVar("S")
 _CALL_TIMEOUT = 30.0
 
 
-class _LoopBridge:
-    def __init__(self, state: ToolStateStore, loop: asyncio.AbstractEventLoop) -> None:
+class LoopBridge(Generic[S]):
+    """Base of the synchronous tool backends: ``_call`` runs a coroutine of ``state`` on the gateway loop."""
+
+    def __init__(self, state: S, loop: asyncio.AbstractEventLoop) -> None:
         self.state = state
         self.loop = loop
 
@@ -28,7 +31,7 @@ class _LoopBridge:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(_CALL_TIMEOUT)
 
 
-class StoreMemoryBackend(_LoopBridge):
+class StoreMemoryBackend(LoopBridge[ToolStateStore]):
     """``MemoryBackend`` on the gateway store."""
 
     def add(self, user_key: str, text: str) -> MemoryNote:
@@ -46,7 +49,7 @@ class StoreMemoryBackend(_LoopBridge):
         return note_id.isdigit() and self._call(self.state.remove_note(user_key, int(note_id)))
 
 
-class StoreTodoBackend(_LoopBridge):
+class StoreTodoBackend(LoopBridge[ToolStateStore]):
     """``TodoBackend`` on the gateway store."""
 
     def load(self, session_key: str) -> list[TodoItem]:

@@ -162,6 +162,10 @@ class SendResult:
     retry_after: float | None = None
 
 
+class GatewayClosing(RuntimeError):
+    """Raised by ``on_message`` during shutdown: do not acknowledge, the platform delivers again later."""
+
+
 @dataclass(frozen=True, slots=True)
 class Accepted:
     """The gateway took an event: durably stored now, or earlier (``duplicate``); ``run_id`` if it started one."""

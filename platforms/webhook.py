@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from platforms.base import AdapterState, BasePlatformAdapter, MessageEvent, OnMessage, SendResult
+from platforms.base import AdapterState, BasePlatformAdapter, GatewayClosing, MessageEvent, OnMessage, SendResult
 from platforms.webhook_signatures import SignatureError, verify
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,11 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _defang(text: str) -> str:
+    # Sender-controlled text must not forge the fence markers, inside the fence or in the filled template.
+    return text.replace("<<<", "‹‹‹").replace(">>>", "›››")
+
+
 def render_prompt(template: str, payload: Any, event: str, route: str) -> str:
     """Fill ``{payload.dot.path}``, ``{event}`` and ``{route}``; missing keys render empty.
 
@@ -72,16 +77,37 @@ def render_prompt(template: str, payload: Any, event: str, route: str) -> str:
     def fill(match: re.Match[str]) -> str:
         key = match.group(1)
         if key == "event":
-            return event
+            return _defang(event)
         if key == "route":
             return route
-        return _as_text(_lookup(payload, key.split(".")[1:]))
+        return _defang(_as_text(_lookup(payload, key.split(".")[1:])))
 
     body = json.dumps(payload, ensure_ascii=False, indent=1)
     if len(body) > PAYLOAD_PROMPT_CHARS:
         body = body[:PAYLOAD_PROMPT_CHARS] + "\n[... payload truncated]"
-    body = body.replace("<<<", "‹‹‹").replace(">>>", "›››")
-    return f"{_PLACEHOLDER.sub(fill, template)}\n\n{UNTRUSTED_OPEN}\n{body}\n{UNTRUSTED_CLOSE}"
+    return f"{_PLACEHOLDER.sub(fill, template)}\n\n{UNTRUSTED_OPEN}\n{_defang(body)}\n{UNTRUSTED_CLOSE}"
+
+
+def _parse_payload(body: bytes) -> Any:
+    """The JSON value of a UTF-8 body; ValueError (UnicodeError included) for anything else."""
+    try:
+        # json.loads(bytes) would also take UTF-16/32 and UTF-8-encoded surrogates.
+        payload = json.loads(body.decode("utf-8"))
+        # A "\ud800" escape parses to a lone surrogate, which neither the store nor a model request can carry.
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    return payload
+
+
+def _is_utf8(*values: str) -> bool:
+    # aiohttp decodes header bytes with surrogateescape, so a non-UTF-8 header arrives as lone surrogates.
+    try:
+        for value in values:
+            value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def event_name(route: WebhookRoute, headers: Mapping[str, str], payload: Any) -> str:
@@ -159,8 +185,13 @@ class WebhookAdapter(BasePlatformAdapter):
     async def _read_body(self, request: web.Request, limit: int) -> bytes | None:
         if request.content_length is not None and request.content_length > limit:
             return None
-        body = await request.content.read(limit + 1)
-        return None if len(body) > limit else body
+        body = bytearray()
+        # read(n) returns what has arrived so far, not n bytes: read to the end, or until past the limit.
+        while chunk := await request.content.read(limit + 1 - len(body)):
+            body += chunk
+            if len(body) > limit:
+                return None
+        return bytes(body)
 
     async def _handle(self, request: web.Request) -> web.Response:
         on_message = self._on_message
@@ -187,11 +218,14 @@ class WebhookAdapter(BasePlatformAdapter):
             self._rejected("rate_limited")
             return _error(429, "rate limit exceeded for this route", **{"Retry-After": str(max(1, round(wait)))})
         try:
-            payload = json.loads(body)
-        except (UnicodeDecodeError, ValueError):
+            payload = _parse_payload(body)
+        except ValueError:
             self._rejected("bad_json")
             return _error(400, "body is not valid UTF-8 JSON")
         name = event_name(route, request.headers, payload)
+        if not _is_utf8(delivery_id, name):
+            self._rejected("bad_header")
+            return _error(400, "delivery id and event headers must be UTF-8")
         if not event_allowed(route, name):
             self._rejected("filtered")
             return web.json_response({"ignored": True, "event": name}, status=200)
@@ -202,6 +236,8 @@ class WebhookAdapter(BasePlatformAdapter):
             metadata={"route": route.name, "event": name, "delivery_id": delivery_id})
         try:
             accepted = await on_message(event)
+        except GatewayClosing:
+            return _error(503, "gateway is shutting down; retry later", **{"Retry-After": "5"})
         except Exception:
             logger.exception("webhook %s: could not accept delivery %s", route.name, delivery_id)
             return _error(503, "could not store the delivery; retry later", **{"Retry-After": "5"})

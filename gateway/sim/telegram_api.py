@@ -1205,6 +1205,17 @@ class TelegramSimulator:
         fields.update(self._caption_fields(caption))
         return self.push_update({"message": self._user_message(user, chat, origin, None, fields)})
 
+    def user_sends_voice(
+        self, data: bytes, duration: int = 1, caption: str | None = None, **origin: Unpack[Origin]
+    ) -> JSON:
+        """A user sends a voice note (OGG/Opus); it is downloadable through getFile."""
+        user, chat = self._origin(origin)
+        f = self._store_file(data, "voice", "voice.oga")
+        voice = {"file_id": f.file_id, "file_unique_id": f.file_unique_id, "duration": duration,
+                 "mime_type": "audio/ogg", "file_size": len(data)}
+        fields: JSON = {"voice": voice, **self._caption_fields(caption)}
+        return self.push_update({"message": self._user_message(user, chat, origin, None, fields)})
+
     def user_edits(
         self, message_id: int, text: str, *, entities: list[JSON] | None = None, **origin: Unpack[Origin]
     ) -> JSON:

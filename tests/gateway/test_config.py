@@ -235,8 +235,8 @@ def test_unknown_nested_route_key() -> None:
     assert "did you mean 'secret'?" in err.hint
 
 
-def test_chat_platforms_are_not_configurable_yet() -> None:
-    assert _error({"platforms": {"telegram": {}}}).path == "platforms.telegram"
+def test_unknown_platform_is_rejected() -> None:
+    assert _error({"platforms": {"matrix": {}}}).path == "platforms.matrix"
 
 
 def test_missing_route_secret_is_required() -> None:

@@ -140,3 +140,20 @@ async def test_model_failure_gives_short_honest_message(make_gateway) -> None:
     assert h.chat.sent[0].text == "The model service had an internal error. Please try again in a moment."
     runs = await h.gateway.store.list_runs()
     assert runs[0].status == "failed" and "InternalServerError" in runs[0].error
+
+
+async def test_todo_and_memory_tools_persist_in_the_store(make_gateway) -> None:
+    h = await make_gateway(responder=rules(
+        (r"plan", tool_call("todo", {"action": "add", "items": ["write tests", "ship"]})),
+        (r"note", tool_call("memory", {"action": "add", "text": "prefers short answers"})),
+    ))
+    await h.chat.user_says("plan the release")
+    await h.chat.user_says("note my preference")
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 2)
+    run_results = [c["result"] for r in await h.gateway.store.list_runs() for c in r.tool_calls]
+    assert all('"error"' not in r for r in run_results), run_results
+    from gateway.store import ToolStateStore
+
+    state = ToolStateStore(h.gateway.store)
+    assert [i["text"] for i in await state.load_todos("telegram:dm:100")] == ["write tests", "ship"]
+    assert [n[1] for n in await state.list_notes("telegram:1001")] == ["prefers short answers"]

@@ -1,0 +1,270 @@
+"""Chat throughput and concurrency: many users in DMs, each message a run with history.
+
+Platform ``telegram``: the real Telegram adapter (python-telegram-bot, long polling) in a gateway
+subprocess (``python -m gateway run``), against the Telegram Bot API simulator in this process; the
+CPU figure is the gateway's alone. Platform ``double``: an in-process Telegram-like adapter
+(:class:`bench.common.ChatDouble`) injected into an in-process gateway; the CPU figure then covers
+gateway, scripted model and load generator together. The model streams (the default), so each answer
+is a preview message edited into the final text.
+
+1. ``--users`` users each send ``--messages`` messages, one after the other (the next once the answer
+   arrived), with a 0 ms model: messages/s and reply latency (sent -> final answer delivered).
+2. ``--inflight-users`` users send one message each to a model answering after ``--slow-latency``
+   seconds: the peak of ``hermes_runs_in_flight`` and of concurrent model requests, with
+   ``gateway.max_concurrent_runs`` = ``--max-runs``.
+
+Phase 1 uses ``--platform`` (default telegram), phase 2 ``--inflight-platform`` (default double, the
+core's own concurrency without the Telegram adapter's intake in the way).
+
+    python -m bench.bench_chat [--platform telegram|double] [--users 1000] [--messages 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from bench.common import (
+    MODEL_KEY,
+    BenchSink,
+    BenchTelegram,
+    ChatDouble,
+    ServiceProcess,
+    cpu_seconds,
+    gateway_argv,
+    latency_ms,
+    print_table,
+    save_results,
+    write_gateway_config,
+)
+from gateway.app import Gateway
+from gateway.config import parse_config
+from gateway.sim.model_server import ScriptedModel
+
+Say = Callable[[int, str, float], Awaitable[tuple[float, float, float]]]
+
+
+class CountingModel(ScriptedModel):
+    """The scripted model, also counting chat-completion requests in flight (and their peak)."""
+
+    def __init__(self, latency: float = 0.0) -> None:
+        super().__init__(api_key=MODEL_KEY, latency=latency)
+        self.in_flight = 0
+        self.peak = 0
+        self.app.middlewares.append(self._count)
+
+    @web.middleware
+    async def _count(self, request: web.Request,
+                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+
+
+def chat_config(home: Path, model_url: str, max_runs: int, overrides: dict[str, Any] | None = None) -> Any:
+    """Gateway config for in-process chat benchmarks: every user of the double is allowed."""
+    data: dict[str, Any] = {
+        "model": {"base_url": model_url, "api_key": MODEL_KEY, "name": "scripted-model", "max_retries": 0,
+                  "timeout": 120},
+        "http": {"host": "127.0.0.1", "port": 0},
+        "store": {"url": f"sqlite:///{home}/state.db"},
+        "gateway": {"workspace": str(home / "workspace"), "max_concurrent_runs": max_runs,
+                    "loop_lag_warn_ms": 2000},
+        "auth": {"platforms": {"telegram": {"allow_all": True}}},
+    }
+    for section, values in (overrides or {}).items():
+        data[section] = {**data.get(section, {}), **values}
+    return parse_config(data, env={"HERMES_GATEWAY_HOME": str(home)})
+
+
+async def start_chat_gateway(home: Path, model_url: str, max_runs: int,
+                             overrides: dict[str, Any] | None = None) -> tuple[Gateway, ChatDouble]:
+    """An in-process gateway whose only chat platform is a :class:`ChatDouble`."""
+    chat = ChatDouble()
+    gateway = Gateway(chat_config(home, model_url, max_runs, overrides), adapters={"telegram": chat})
+    await gateway.start()
+    return gateway, chat
+
+
+@dataclass
+class _Chat:
+    """What a phase needs from either platform."""
+
+    say: Say
+    runs_in_flight: Callable[[], Awaitable[float]]
+    cpu_seconds: Callable[[], float]
+
+
+@contextlib.asynccontextmanager
+async def _double(home: Path, model_url: str, max_runs: int) -> AsyncIterator[_Chat]:
+    gateway, chat = await start_chat_gateway(home, model_url, max_runs)
+
+    async def in_flight() -> float:
+        return gateway.metrics.registry.get_sample_value("hermes_runs_in_flight", {"kind": "chat"}) or 0.0
+
+    try:
+        yield _Chat(chat.say, in_flight, lambda: cpu_seconds(os.getpid()))
+    finally:
+        await gateway.stop(drain_timeout=5)
+
+
+@contextlib.asynccontextmanager
+async def _telegram(home: Path, model_url: str, max_runs: int) -> AsyncIterator[_Chat]:
+    sim, sink = BenchTelegram(), BenchSink()
+    await sim.start()
+    await sink.start()
+    home.mkdir(parents=True, exist_ok=True)
+    config = write_gateway_config(home, model_url, sink.url, telegram=sim,
+                                  overrides={"gateway": {"max_concurrent_runs": max_runs}})
+    service = ServiceProcess("gateway", gateway_argv(config), home / "stderr.log")
+    try:
+        await service.start()
+        async with aiohttp.ClientSession() as http:
+            async def in_flight() -> float:
+                return await service.gauge(http, "hermes_runs_in_flight", 'kind="chat"')
+
+            yield _Chat(sim.say, in_flight, service.cpu_seconds)
+    finally:
+        await service.stop()
+        await sim.stop()
+        await sink.stop()
+        for problem in service.log_problems():
+            print(f"  gateway log: {problem}")
+
+
+async def _conversations(chat: _Chat, users: int, messages: int) -> dict[str, Any]:
+    replies: list[float] = []
+    acks: list[float] = []
+    errors: list[str] = []
+
+    async def user(u: int) -> None:
+        for i in range(messages):
+            try:
+                sent, accepted, answered = await chat.say(u, f"message {i} from user {u}", 120.0)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            acks.append(accepted - sent)
+            replies.append(answered - sent)
+
+    cpu0, started = chat.cpu_seconds(), time.perf_counter()
+    await asyncio.gather(*(user(u) for u in range(1, users + 1)))
+    elapsed, cpu = time.perf_counter() - started, chat.cpu_seconds() - cpu0
+    return {"users": users, "messages_per_user": messages, "messages": len(replies), "errors": len(errors),
+            "error_samples": errors[:3], "seconds": elapsed, "messages_per_s": len(replies) / elapsed,
+            "cpu_ms_per_message": cpu * 1000 / max(1, len(replies)), "ack": latency_ms(acks),
+            "reply": latency_ms(replies)}
+
+
+async def _in_flight(chat: _Chat, model: CountingModel, users: int) -> dict[str, Any]:
+    peak_runs = 0.0
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak_runs
+        while not done.is_set():
+            peak_runs = max(peak_runs, await chat.runs_in_flight())
+            await asyncio.sleep(0.05)
+
+    sampler = asyncio.create_task(sample())
+    started = time.perf_counter()
+    outcomes = await asyncio.gather(*(chat.say(10_000_000 + u, "hello", 120.0) for u in range(users)),
+                                    return_exceptions=True)
+    elapsed = time.perf_counter() - started
+    done.set()
+    await sampler
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    replies = [o[2] - o[0] for o in outcomes if not isinstance(o, BaseException)]
+    return {"users": users, "model_latency_s": model.latency, "peak_runs_in_flight": peak_runs,
+            "peak_model_requests_in_flight": model.peak, "seconds": elapsed, "errors": len(failures),
+            "error_samples": [f"{type(f).__name__}: {f}" for f in failures[:3]], "reply": latency_ms(replies)}
+
+
+_PLATFORMS = {"telegram": _telegram, "double": _double}
+
+
+async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.users:
+        async with CountingModel() as model:
+            assert model.base_url is not None
+            async with _PLATFORMS[args.platform](home / "fast", model.base_url, args.max_runs) as chat:
+                out["conversations"] = await _conversations(chat, args.users, args.messages)
+    if args.inflight_users:
+        async with CountingModel(latency=args.slow_latency) as model:
+            assert model.base_url is not None
+            async with _PLATFORMS[args.inflight_platform](home / "slow", model.base_url, args.max_runs) as chat:
+                out["in_flight"] = await _in_flight(chat, model, args.inflight_users)
+    return out
+
+
+def _where(platform: str) -> str:
+    return ("Telegram adapter + simulator, gateway subprocess" if platform == "telegram"
+            else "in-process gateway + ChatDouble")
+
+
+def _report(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    if "conversations" in out:
+        _report_conversations(args, out["conversations"])
+    if "in_flight" in out:
+        f = out["in_flight"]
+        print_table(f"Runs in flight ({_where(args.inflight_platform)}) with a {f['model_latency_s']:.0f} s model, "
+                    f"{f['users']} users at once (gateway.max_concurrent_runs={args.max_runs})",
+                    ["users", "peak runs in flight", "peak model requests", "seconds", "reply p50 ms",
+                     "reply p99 ms", "errors"],
+                    [[f["users"], f["peak_runs_in_flight"], f["peak_model_requests_in_flight"], f["seconds"],
+                      f["reply"]["p50_ms"], f["reply"]["p99_ms"], f["errors"]]])
+
+
+def _report_conversations(args: argparse.Namespace, c: dict[str, Any]) -> None:
+    print_table(f"Chat ({_where(args.platform)}), 0 ms model: {c['users']} users x {c['messages_per_user']} messages "
+                "(each user waits for an answer before the next)",
+                ["messages", "msg/s", "CPU ms/msg*", "ack p50", "ack p99", "reply p50", "reply p99", "reply max",
+                 "errors"],
+                [[c["messages"], c["messages_per_s"], c["cpu_ms_per_message"], c["ack"]["p50_ms"],
+                  c["ack"]["p99_ms"], c["reply"]["p50_ms"], c["reply"]["p99_ms"], c["reply"]["max_ms"],
+                  c["errors"]]])
+    print("  * " + ("CPU of the gateway process" if args.platform == "telegram" else
+                    "CPU of the whole benchmark process (gateway, scripted model, load generator)") +
+          f". Latencies in ms; with {c['users']} users waiting at once, reply latency is mostly queueing.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--platform", choices=sorted(_PLATFORMS), default="telegram",
+                        help="throughput phase: telegram (real adapter + simulator, gateway subprocess) or "
+                             "double (in-process)")
+    parser.add_argument("--inflight-platform", choices=sorted(_PLATFORMS), default="double",
+                        help="slow-model phase platform (default double: the core's own concurrency)")
+    parser.add_argument("--users", type=int, default=1000, help="users in the throughput phase (0: skip)")
+    parser.add_argument("--messages", type=int, default=5, help="messages per user, sent one after the other")
+    parser.add_argument("--inflight-users", type=int, default=1500, help="users of the slow-model phase (0: skip)")
+    parser.add_argument("--slow-latency", type=float, default=3.0, help="model latency of the slow phase (s)")
+    parser.add_argument("--max-runs", type=int, default=2000, help="gateway.max_concurrent_runs")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix="hermes-bench-chat-") as tmp:
+        out = asyncio.run(_run(args, Path(tmp)))
+    _report(args, out)
+    save_results("chat", {"platform": args.platform, "inflight_platform": args.inflight_platform,
+                          "max_concurrent_runs": args.max_runs, **out})
+
+
+if __name__ == "__main__":
+    main()

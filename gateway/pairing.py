@@ -1,0 +1,182 @@
+"""DM pairing: a stranger who DMs the bot gets a short code; an admin approves it.
+
+Codes are 8 characters from an alphabet without look-alikes, valid for a limited time,
+at most a few pending per platform, at most one code message per user per hour, and
+approvals lock for an hour after 5 failures. Pairing never applies in groups and never
+overrides an explicit denylist (the router checks both before offering a code).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from gateway.store import OutboxPart, Store, metadata
+
+ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
+CODE_LENGTH = 8
+CODE_MESSAGE_INTERVAL = 3600.0
+MAX_FAILED_APPROVALS = 5
+LOCKOUT_SECONDS = 3600.0
+
+pairing_codes_t = sa.Table(
+    "pairing_codes", metadata,
+    sa.Column("code", sa.String(16), primary_key=True),
+    sa.Column("platform", sa.String(32), nullable=False),
+    sa.Column("user_id", sa.String(255), nullable=False),
+    sa.Column("user_name", sa.String(255)),
+    sa.Column("chat_id", sa.String(255), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Index("ix_pairing_user", "platform", "user_id"),
+)
+
+approved_users_t = sa.Table(
+    "approved_users", metadata,
+    sa.Column("platform", sa.String(32), primary_key=True),
+    sa.Column("user_id", sa.String(255), primary_key=True),
+    sa.Column("user_name", sa.String(255)),
+    sa.Column("approved_by", sa.String(255), nullable=False),
+    sa.Column("approved_at", sa.Float, nullable=False),
+)
+
+pairing_failures_t = sa.Table(
+    "pairing_failures", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+
+def normalize_code(text: str) -> str:
+    """Codes are shown as ``ABCD-EFGH``; accept any case, dashes and spaces."""
+    return "".join(ch for ch in text.upper() if ch.isalnum())
+
+
+def format_code(code: str) -> str:
+    """``ABCDEFGH`` -> ``ABCD-EFGH``."""
+    return f"{code[:4]}-{code[4:]}"
+
+
+@dataclass(slots=True, frozen=True)
+class PendingCode:
+    """A code waiting for approval."""
+
+    code: str
+    platform: str
+    user_id: str
+    user_name: str | None
+    chat_id: str
+    expires_at: float
+
+
+@dataclass(slots=True, frozen=True)
+class Approval:
+    """The outcome of an approval attempt; ``code`` is set when it succeeded."""
+
+    ok: bool
+    message: str
+    code: PendingCode | None = None
+
+
+class PairingStore:
+    """Pairing state in the gateway's database (shared by the daemon and the CLI)."""
+
+    def __init__(self, store: Store, ttl: float = 3600.0, max_pending: int = 3) -> None:
+        self.engine = store.engine
+        self.ttl = ttl
+        self.max_pending = max_pending
+
+    async def issue(self, platform: str, user_id: str, user_name: str | None, chat_id: str,
+                    now: float | None = None) -> str | None:
+        """A new code for this user, or None when one must not be sent (rate or capacity)."""
+        now = time.time() if now is None else now
+        async with self.engine.begin() as conn:
+            recent = (await conn.execute(sa.select(sa.func.count()).select_from(pairing_codes_t).where(
+                pairing_codes_t.c.platform == platform, pairing_codes_t.c.user_id == user_id,
+                pairing_codes_t.c.created_at > now - CODE_MESSAGE_INTERVAL))).scalar_one()
+            if recent:
+                return None
+            pending = (await conn.execute(sa.select(sa.func.count()).select_from(pairing_codes_t).where(
+                pairing_codes_t.c.platform == platform, pairing_codes_t.c.status == "pending",
+                pairing_codes_t.c.expires_at > now))).scalar_one()
+            if pending >= self.max_pending:
+                return None
+            code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
+            await conn.execute(pairing_codes_t.insert().values(
+                code=code, platform=platform, user_id=user_id, user_name=user_name, chat_id=chat_id,
+                status="pending", created_at=now, expires_at=now + self.ttl))
+        return code
+
+    async def approve(self, code_text: str, approver: str, now: float | None = None) -> Approval:
+        """Approve a code: the user it was issued to may chat from now on."""
+        now = time.time() if now is None else now
+        code = normalize_code(code_text)
+        async with self.engine.begin() as conn:
+            failures = (await conn.execute(sa.select(sa.func.count()).select_from(pairing_failures_t).where(
+                pairing_failures_t.c.at > now - LOCKOUT_SECONDS))).scalar_one()
+            if failures >= MAX_FAILED_APPROVALS:
+                return Approval(False, "Too many failed approvals; pairing is locked for an hour.")
+            row = (await conn.execute(sa.select(pairing_codes_t).where(pairing_codes_t.c.code == code))).first()
+            problem = None
+            if row is None:
+                problem = "No such pairing code."
+            elif row.status != "pending":
+                problem = f"That code was already {row.status}."
+            elif row.expires_at <= now:
+                problem = "That code has expired; the user can DM the bot again in an hour for a new one."
+            if problem is not None:
+                await conn.execute(pairing_failures_t.insert().values(at=now))
+                return Approval(False, problem)
+            await conn.execute(pairing_codes_t.update().where(pairing_codes_t.c.code == code)
+                               .values(status="approved"))
+            try:
+                async with conn.begin_nested():
+                    await conn.execute(approved_users_t.insert().values(
+                        platform=row.platform, user_id=row.user_id, user_name=row.user_name,
+                        approved_by=approver, approved_at=now))
+            except IntegrityError:
+                pass  # approved before through another code
+        pending = PendingCode(row.code, row.platform, row.user_id, row.user_name, row.chat_id, row.expires_at)
+        return Approval(True, f"Approved {row.platform} user {row.user_id} ({row.user_name or 'unknown'}).", pending)
+
+    async def is_approved(self, platform: str, user_id: str) -> bool:
+        """Whether the user was approved (and not revoked)."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(sa.select(approved_users_t.c.user_id).where(
+                approved_users_t.c.platform == platform, approved_users_t.c.user_id == user_id))).first()
+        return row is not None
+
+    async def pending(self, now: float | None = None) -> list[PendingCode]:
+        """Codes waiting for approval, oldest first."""
+        now = time.time() if now is None else now
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(sa.select(pairing_codes_t).where(
+                pairing_codes_t.c.status == "pending", pairing_codes_t.c.expires_at > now)
+                .order_by(pairing_codes_t.c.created_at))).all()
+        return [PendingCode(r.code, r.platform, r.user_id, r.user_name, r.chat_id, r.expires_at) for r in rows]
+
+    async def approved(self) -> list[tuple[str, str, str | None, str]]:
+        """Approved users as (platform, user_id, user_name, approved_by)."""
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(sa.select(approved_users_t).order_by(approved_users_t.c.approved_at))).all()
+        return [(r.platform, r.user_id, r.user_name, r.approved_by) for r in rows]
+
+    async def revoke(self, platform: str, user_id: str) -> bool:
+        """Withdraw an approval."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(approved_users_t.delete().where(
+                approved_users_t.c.platform == platform, approved_users_t.c.user_id == user_id))
+        return bool(result.rowcount)
+
+
+APPROVED_NOTICE = "You're approved: you can chat with me now."
+
+
+async def notify_approved(store: Store, code: PendingCode) -> None:
+    """Tell the approved user, through the outbox (works from the CLI too: the daemon delivers it)."""
+    await store.enqueue([OutboxPart(f"paired:{code.code}", code.platform, code.chat_id, APPROVED_NOTICE)])

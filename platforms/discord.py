@@ -1,0 +1,573 @@
+"""Discord through discord.py: gateway events in, REST sends out.
+
+The client runs ``client.start(token)`` as a task the adapter owns (never ``client.run()``). Where it
+connects is process-wide in discord.py: ``discord.http.Route.BASE`` (the REST base) and
+``discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY`` (the websocket) are class attributes, so the
+adapter sets them on connect and restores them on disconnect; one Discord bot per process. Without a
+configured ``gateway_url`` the adapter asks ``GET /gateway/bot`` at login, as Discord recommends, so a
+self-hosted or simulated API base alone is enough.
+
+Delivery: Discord has no acknowledgement for gateway events. RESUME replays what a live session missed
+and ``event_id`` is the message id, so replays are dropped by the gateway's inbox. After a new IDENTIFY
+(a restart, or a session Discord invalidated) nothing is replayed, so the adapter backfills: for every
+channel it has talked in (remembered in ``state_file``) it fetches the messages newer than the last one
+it handled, at most ``backfill_window`` seconds old, and feeds them through the same path and dedupe.
+
+Threads are channels on Discord. An event from a thread has ``chat_id`` = the parent channel and
+``thread_id`` = the thread: allowlists naming a channel cover its threads, sessions stay per thread
+(``discord:group:<channel>:<thread>:<user>``), and replies go to the thread (``thread_id`` wins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import discord
+import yarl
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+
+from platforms.base import (
+    AdapterState,
+    Attachment,
+    AttachmentKind,
+    BasePlatformAdapter,
+    MessageEvent,
+    OnMessage,
+    SendResult,
+    utf16_len,
+)
+
+__all__ = ["DISCORD_API", "DiscordAdapter", "DiscordSettings", "DiscordStartupError", "delivery_nonce"]
+
+logger = logging.getLogger(__name__)
+
+DISCORD_API = "https://discord.com/api/v10"
+TOKEN_REJECTED = "discord: the bot token was rejected (401 on /users/@me); check platforms.discord.token"
+_LOGIN_TIMEOUT = 30.0
+_CLOSE_TIMEOUT = 10.0
+_TASK_GRACE = 1.0  # after close(), how long the client task may take to end (it may sit in a reconnect backoff)
+_REQUEST_MARGIN = 30.0  # a request may wait out a rate limit up to max_ratelimit_timeout, then this long
+_MAX_IDENTIFY_BACKOFF = 300.0
+_BACKFILL_LIMIT = 100  # messages fetched per channel
+_MAX_TRACKED_CHANNELS = 200
+_CURSOR_FLUSH_INTERVAL = 1.0
+_HANDLED_TYPES = frozenset({discord.MessageType.default, discord.MessageType.reply})
+_NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+_FATAL_CLOSE_CODES = {
+    4004: "the gateway rejected the bot token (close 4004); check platforms.discord.token",
+    4010: "invalid shard (close 4010); check platforms.discord.shard_count and shard_ids",
+    4011: "Discord requires sharding for this bot (close 4011); set platforms.discord.shard_count",
+    4012: "invalid gateway API version (close 4012); platforms.discord.api_base_url must be a v10 API",
+    4013: "invalid intents (close 4013)",
+    4014: ("the bot may not use the message content intent (close 4014); enable it in the Developer "
+           "Portal under Bot > Privileged Gateway Intents"),
+}
+
+
+class DiscordStartupError(RuntimeError):
+    """Discord could not be started; the message names the cause and the setting to check."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiscordSettings:
+    """What the adapter needs from ``platforms.discord`` (see deploy/config.example.yaml)."""
+
+    token: str
+    api_base_url: str = DISCORD_API
+    gateway_url: str | None = None
+    shard_count: int | None = None
+    shard_ids: tuple[int, ...] | None = None
+    respond_in_guilds: Literal["mention", "always"] = "mention"
+    allowed_guilds: frozenset[str] = frozenset()
+    allowed_channels: frozenset[str] = frozenset()
+    allow_mentions: bool = False
+    max_ratelimit_timeout: float = 30.0
+    heartbeat_timeout: float = 60.0
+    guild_ready_timeout: float = 2.0
+    reconnect_backoff: float = 5.0
+    backfill_window: float = 3600.0
+    state_file: Path | None = None
+
+
+def delivery_nonce(delivery_id: str) -> str:
+    """The message nonce for an outbox delivery: stable, so Discord drops a retried send (24 of 25 chars)."""
+    return hashlib.blake2b(delivery_id.encode(), digest_size=12).hexdigest()
+
+
+def _snowflake(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def _attachment_kind(attachment: discord.Attachment) -> AttachmentKind:
+    kind = (attachment.content_type or "").split("/", 1)[0]
+    if kind == "image":
+        return "photo"
+    if kind == "audio":
+        return "voice" if attachment.is_voice_message() else "audio"
+    return "video" if kind == "video" else "document"
+
+
+class _IdentifyBackoff:
+    """Delay before each re-IDENTIFY of a shard: ``base`` doubling per consecutive one, capped, jittered.
+
+    A shard that went longer than the cap without re-identifying starts over at ``base``.
+    """
+
+    def __init__(self, base: float, cap: float = _MAX_IDENTIFY_BACKOFF) -> None:
+        self._base = base
+        self._cap = cap
+        self._shards: dict[int | None, tuple[int, float]] = {}
+
+    def delay(self, shard_id: int | None) -> float:
+        now = time.monotonic()
+        count, last = self._shards.get(shard_id, (0, -math.inf))
+        if now - last > self._cap:
+            count = 0
+        self._shards[shard_id] = (count + 1, now)
+        return min(self._cap, self._base * 2**count) * random.uniform(0.75, 1.0)
+
+
+class _Cursors:
+    """The last handled message id per channel the bot talks in, persisted for backfill after a restart."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._entries: dict[int, tuple[int, bool]] = {}  # channel id -> (last message id, is a DM)
+
+    async def load(self) -> None:
+        if self._path is None:
+            return
+        try:
+            data = json.loads(await asyncio.to_thread(self._path.read_text, encoding="utf-8"))
+            self._entries = {int(cid): (int(e["last"]), bool(e["dm"])) for cid, e in data["channels"].items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.warning("discord: ignoring unreadable backfill state %s (%s)", self._path, exc)
+
+    def note(self, channel_id: int, message_id: int, dm: bool, *, track: bool) -> bool:
+        """Record a handled message; ``track`` starts following the channel. Returns whether anything changed."""
+        entry = self._entries.get(channel_id)
+        if (entry is None and not track) or (entry is not None and entry[0] >= message_id):
+            return False
+        self._entries[channel_id] = (message_id, dm)
+        if len(self._entries) > _MAX_TRACKED_CHANNELS:
+            del self._entries[min(self._entries, key=lambda c: self._entries[c][0])]
+        return True
+
+    def items(self) -> list[tuple[int, int, bool]]:
+        """(channel id, last message id, is a DM) for every followed channel."""
+        return [(cid, last, dm) for cid, (last, dm) in self._entries.items()]
+
+    async def save(self) -> None:
+        if self._path is None:
+            return
+        data = {"channels": {str(cid): {"last": str(last), "dm": dm} for cid, (last, dm) in self._entries.items()}}
+        try:
+            await asyncio.to_thread(self._write, json.dumps(data))
+        except OSError as exc:
+            logger.warning("discord: could not save backfill state %s (%s)", self._path, exc)
+
+    def _write(self, text: str) -> None:
+        assert self._path is not None
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, self._path)
+
+
+class _Hooks:
+    """Routes the client's hooks and events to the adapter (mixed into Client and AutoShardedClient)."""
+
+    def __init__(self, adapter: DiscordAdapter, **options: Any) -> None:
+        self._adapter = adapter
+        super().__init__(**options)
+
+    async def setup_hook(self) -> None:
+        await self._adapter._logged_in()
+
+    async def before_identify_hook(self, shard_id: int | None, *, initial: bool = False) -> None:
+        # Replaces discord.py's flat 5 s: a re-IDENTIFY storm backs off exponentially.
+        if not initial:
+            await asyncio.sleep(self._adapter._identify_backoff.delay(shard_id))
+
+    async def on_ready(self) -> None:
+        self._adapter._connected(backfill=True)
+
+    async def on_resumed(self) -> None:
+        self._adapter._connected(backfill=False)
+
+    async def on_disconnect(self) -> None:
+        self._adapter._disconnected()
+
+    async def on_message(self, message: discord.Message) -> None:
+        await self._adapter._handle(message)
+
+
+class _Client(_Hooks, discord.Client):
+    pass
+
+
+class _ShardedClient(_Hooks, discord.AutoShardedClient):
+    pass
+
+
+class DiscordAdapter(BasePlatformAdapter):
+    """A Discord bot: DMs, guild channels (when mentioned or replied to, or always) and threads."""
+
+    name = "discord"
+    max_message_length = 2000
+    can_edit = True
+    length_fn = utf16_len  # Discord's limit is 2000 characters; UTF-16 units never undercount them
+
+    def __init__(self, settings: DiscordSettings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.bot_username: str | None = None
+        if settings.allow_mentions:  # users and roles may be pinged, never @everyone/@here
+            self._mentions = discord.AllowedMentions(everyone=False, users=True, roles=True, replied_user=True)
+        else:
+            self._mentions = discord.AllowedMentions.none()
+        self._identify_backoff = _IdentifyBackoff(settings.reconnect_backoff)
+        self._request_timeout = settings.max_ratelimit_timeout + _REQUEST_MARGIN
+        self._client: discord.Client | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._on_message: OnMessage | None = None
+        self._logged_in_event = asyncio.Event()
+        self._closing = False
+        self._saved_endpoints: tuple[str, yarl.URL] | None = None
+        self._intake = asyncio.Lock()
+        self._cursors = _Cursors(settings.state_file)
+        self._cursors_dirty = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def connect(self, on_message: OnMessage) -> None:
+        """Log in and start the gateway connection; raises DiscordStartupError (state FAILED) if login fails."""
+        if self._task is not None:
+            raise RuntimeError("discord adapter is already connected")
+        self._on_message = on_message
+        self._closing = False
+        self._set_state(AdapterState.CONNECTING)
+        self._apply_endpoints()
+        await self._cursors.load()
+        client = self._client = self._build_client()
+        self._logged_in_event.clear()
+        self._task = asyncio.create_task(client.start(self.settings.token), name="discord-client")
+        self._task.add_done_callback(self._client_ended)
+        waiter = asyncio.create_task(self._logged_in_event.wait())
+        await asyncio.wait({self._task, waiter}, timeout=_LOGIN_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if self._logged_in_event.is_set():
+            self._spawn(self._flush_cursors(), "discord-cursors")
+            return
+        message = self._login_error()
+        self._set_state(AdapterState.FAILED, message)
+        await self._stop_client()
+        raise DiscordStartupError(message)
+
+    async def disconnect(self) -> None:
+        """Close the gateway connection and REST session; save the backfill state."""
+        self._closing = True
+        await self._stop_client()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._cursors.save()
+        if self._state != AdapterState.FAILED:
+            self._set_state(AdapterState.DISCONNECTED)
+
+    def _build_client(self) -> discord.Client:
+        s = self.settings
+        options: dict[str, Any] = {
+            "intents": discord.Intents(guilds=True, guild_messages=True, dm_messages=True, message_content=True),
+            "allowed_mentions": self._mentions,
+            "max_ratelimit_timeout": s.max_ratelimit_timeout,
+            "heartbeat_timeout": s.heartbeat_timeout,
+            "guild_ready_timeout": s.guild_ready_timeout,
+            "chunk_guilds_at_startup": False,
+        }
+        if s.shard_count is None:
+            return _Client(self, **options)
+        shard_ids = list(s.shard_ids) if s.shard_ids is not None else None
+        return _ShardedClient(self, shard_count=s.shard_count, shard_ids=shard_ids, **options)
+
+    def _apply_endpoints(self) -> None:
+        if self._saved_endpoints is None:
+            self._saved_endpoints = (Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY)
+        Route.BASE = self.settings.api_base_url.rstrip("/")
+        if self.settings.gateway_url is not None:
+            DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self.settings.gateway_url)
+
+    def _restore_endpoints(self) -> None:
+        if self._saved_endpoints is not None:
+            Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY = self._saved_endpoints
+            self._saved_endpoints = None
+
+    async def _logged_in(self) -> None:
+        """Called by the client once the token was accepted, before it opens the gateway."""
+        client = self._client
+        assert client is not None and client.user is not None
+        if self.settings.gateway_url is None:
+            _, url, _ = await client.http.get_bot_gateway()
+            DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(url)
+        self.bot_username = client.user.name
+        logger.info("discord: logged in as %s (%s)", client.user.name, client.user.id)
+        self._logged_in_event.set()
+
+    def _login_error(self) -> str:
+        task = self._task
+        api = self.settings.api_base_url
+        if task is None or not task.done():
+            return f"discord: no answer from {api} within {_LOGIN_TIMEOUT:.0f} s; check platforms.discord.api_base_url"
+        exc = task.exception() if not task.cancelled() else None
+        if isinstance(exc, discord.LoginFailure):
+            return TOKEN_REJECTED
+        if isinstance(exc, discord.GatewayNotFound):
+            return (f"discord: GET /gateway/bot failed at {api}; check platforms.discord.api_base_url, "
+                    f"or set platforms.discord.gateway_url")
+        if isinstance(exc, discord.HTTPException):
+            return f"discord: login failed with HTTP {exc.status} from {api}; check platforms.discord.api_base_url"
+        return f"discord: cannot reach {api} ({exc!r}); check platforms.discord.api_base_url and the network"
+
+    def _client_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or not self._logged_in_event.is_set():
+            return  # cancelled by us, or a login failure that connect() reports
+        exc = task.exception()
+        if exc is None:
+            if not self._closing:
+                self._set_state(AdapterState.DISCONNECTED, "discord: the client stopped")
+            return
+        code = getattr(exc, "code", None)
+        if isinstance(exc, discord.PrivilegedIntentsRequired):
+            code = 4014
+        detail = _FATAL_CLOSE_CODES.get(code) if isinstance(code, int) else None
+        message = f"discord: {detail}" if detail else f"discord: the gateway connection failed: {exc!r}"
+        logger.error("%s", message)
+        self._set_state(AdapterState.FAILED, message)
+
+    async def _stop_client(self) -> None:
+        client, task = self._client, self._task
+        self._client, self._task = None, None
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close(), _CLOSE_TIMEOUT)
+            except Exception as exc:
+                logger.warning("discord: the client did not close cleanly: %r", exc)
+        if task is not None:
+            await asyncio.wait({task}, timeout=_TASK_GRACE)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._restore_endpoints()
+
+    def _connected(self, *, backfill: bool) -> None:
+        self._set_state(AdapterState.CONNECTED)
+        if backfill and self.settings.backfill_window > 0:
+            self._spawn(self._backfill(), "discord-backfill")
+
+    def _disconnected(self) -> None:
+        if not self._closing and self._state != AdapterState.FAILED:
+            self._set_state(AdapterState.DISCONNECTED, "discord: gateway connection lost; reconnecting")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("discord: background task %s failed", task.get_name(), exc_info=task.exception())
+
+    # -- inbound ---------------------------------------------------------
+
+    async def _handle(self, message: discord.Message) -> None:
+        """One gateway or backfilled message: normalize, hand over, remember how far this channel got."""
+        on_message, client = self._on_message, self._client
+        if on_message is None or client is None or client.user is None:
+            return
+        event = self._event_for(message, client.user)
+        async with self._intake:  # one at a time, in arrival order
+            if event is not None:
+                try:
+                    await on_message(event)
+                except Exception:
+                    logger.exception("discord: could not hand over message %s in channel %s",
+                                     message.id, message.channel.id)
+                    return
+            if self._cursors.note(message.channel.id, message.id, message.guild is None, track=event is not None):
+                self._cursors_dirty.set()
+
+    def _event_for(self, message: discord.Message, me: discord.ClientUser) -> MessageEvent | None:
+        """The event for a message addressed to the bot, or None (bots, system messages, not addressed)."""
+        if message.author.bot or message.author.id == me.id or message.type not in _HANDLED_TYPES:
+            return None
+        channel = message.channel
+        mentioned = me.id in message.raw_mentions or any(u.id == me.id for u in message.mentions)
+        replied = self._replies_to(message, me)
+        thread_id: str | None = None
+        if message.guild is None:
+            chat_type: Literal["dm", "group"] = "dm"
+            chat_id = str(channel.id)
+        else:
+            chat_type = "group"
+            parent = channel.parent_id if isinstance(channel, discord.Thread) else None
+            chat_id = str(parent or channel.id)
+            thread_id = str(channel.id) if parent else None
+            s = self.settings
+            if s.allowed_guilds and str(message.guild.id) not in s.allowed_guilds:
+                self._rejected("guild_not_allowed")
+                return None
+            if s.allowed_channels and chat_id not in s.allowed_channels and thread_id not in s.allowed_channels:
+                self._rejected("channel_not_allowed")
+                return None
+            if s.respond_in_guilds == "mention" and not (mentioned or replied):
+                return None
+        attachments = tuple(
+            Attachment(kind=_attachment_kind(a), file_id=str(a.id), name=a.filename, mime_type=a.content_type,
+                       size=a.size, url=a.url) for a in message.attachments)
+        text = re.sub(rf"^\s*<@!?{me.id}>\s*", "", message.content)
+        if not text and attachments:
+            text = "[attachments: " + ", ".join(a.name or a.file_id for a in attachments) + "]"
+        metadata = {"channel_id": str(channel.id)}
+        if message.guild is not None:
+            metadata["guild_id"] = str(message.guild.id)
+        reference = message.reference.message_id if message.reference else None
+        return MessageEvent(
+            platform=self.name, event_id=str(message.id), chat_id=chat_id, chat_type=chat_type,
+            user_id=str(message.author.id), user_name=message.author.display_name, text=text,
+            message_id=str(message.id), thread_id=thread_id,
+            reply_to_message_id=str(reference) if reference else None, mentions_bot=mentioned or replied,
+            attachments=attachments, received_at=message.created_at.astimezone(UTC), metadata=metadata)
+
+    @staticmethod
+    def _replies_to(message: discord.Message, me: discord.ClientUser) -> bool:
+        ref = message.reference
+        if ref is None:
+            return False
+        replied = ref.resolved if isinstance(ref.resolved, discord.Message) else ref.cached_message
+        return replied is not None and replied.author.id == me.id
+
+    async def _backfill(self) -> None:
+        """Feed what arrived while no session was listening: newer than each channel's cursor, within the window."""
+        client = self._client
+        if client is None:
+            return
+        oldest = discord.utils.time_snowflake(datetime.now(UTC) - timedelta(seconds=self.settings.backfill_window))
+        fed = 0
+        for channel_id, last, dm in self._cursors.items():
+            channel: Any = (client.get_partial_messageable(channel_id, type=discord.ChannelType.private) if dm
+                            else client.get_channel(channel_id))
+            if channel is None:
+                continue  # a guild channel this session cannot see (left, deleted, or its guild unavailable)
+            try:
+                missed = await asyncio.wait_for(self._missed(channel, max(last, oldest)), self._request_timeout)
+            except (discord.HTTPException, *_NETWORK_ERRORS) as exc:
+                logger.warning("discord: backfill of channel %s failed: %r", channel_id, exc)
+                continue
+            for message in missed:  # outside the timeout: a hand-over is never cut off halfway
+                await self._handle(message)
+            fed += len(missed)
+        if fed:
+            logger.info("discord: backfilled %d messages", fed)
+
+    @staticmethod
+    async def _missed(channel: discord.abc.Messageable, after: int) -> list[discord.Message]:
+        return [m async for m in channel.history(limit=_BACKFILL_LIMIT, after=discord.Object(after),
+                                                 oldest_first=True)]
+
+    async def _flush_cursors(self) -> None:
+        while True:
+            await self._cursors_dirty.wait()
+            self._cursors_dirty.clear()
+            await self._cursors.save()
+            await asyncio.sleep(_CURSOR_FLUSH_INTERVAL)
+
+    # -- outbound --------------------------------------------------------
+
+    def _channel(self, chat_id: str, metadata: Mapping[str, str] | None) -> discord.PartialMessageable | SendResult:
+        client = self._client
+        if client is None:
+            return SendResult(success=False, error="discord: not connected",
+                              retryable=self._state != AdapterState.FAILED)
+        target = _snowflake((metadata or {}).get("thread_id")) or _snowflake(chat_id)
+        if target is None:
+            return SendResult(success=False, error=f"discord: {chat_id!r} is not a channel id")
+        return client.get_partial_messageable(target)
+
+    async def send(self, chat_id: str, content: str, reply_to: str | None = None,
+                   metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Post one message (to the thread when metadata names one), replying to ``reply_to`` if it still exists."""
+        channel = self._channel(chat_id, metadata)
+        if isinstance(channel, SendResult):
+            return channel
+        options: dict[str, Any] = {"allowed_mentions": self._mentions}
+        if (reply := _snowflake(reply_to)) is not None:
+            options["reference"] = discord.MessageReference(message_id=reply, channel_id=channel.id,
+                                                            fail_if_not_exists=False)
+        if delivery_id := (metadata or {}).get("delivery_id"):
+            options["nonce"] = delivery_nonce(delivery_id)  # discord.py sends it with enforce_nonce
+        return await self._request(lambda: channel.send(content, **options), chat_id)
+
+    async def edit_message(self, chat_id: str, message_id: str, content: str,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Replace the text of a message the bot sent (PATCH)."""
+        channel = self._channel(chat_id, metadata)
+        if isinstance(channel, SendResult):
+            return channel
+        mid = _snowflake(message_id)
+        if mid is None:
+            return SendResult(success=False, error=f"discord: {message_id!r} is not a message id")
+        partial = channel.get_partial_message(mid)
+        return await self._request(lambda: partial.edit(content=content, allowed_mentions=self._mentions), chat_id)
+
+    async def send_typing(self, chat_id: str, metadata: Mapping[str, str] | None = None) -> None:
+        """Show "typing..." for about ten seconds (POST /channels/{id}/typing); failures are only logged."""
+        channel = self._channel(chat_id, metadata)
+        if isinstance(channel, SendResult):
+            return
+        try:
+            await asyncio.wait_for(channel.typing(), self._request_timeout)
+        except (discord.HTTPException, *_NETWORK_ERRORS) as exc:
+            logger.debug("discord: typing in %s failed: %r", chat_id, exc)
+
+    async def _request(self, call: Callable[[], Awaitable[discord.Message]], chat_id: str) -> SendResult:
+        """Run one REST call; discord.py's limiter waits out 429s up to max_ratelimit_timeout."""
+        try:
+            message = await asyncio.wait_for(call(), self._request_timeout)
+        except discord.RateLimited as exc:  # the wait would exceed max_ratelimit_timeout: the outbox waits
+            return SendResult(success=False, error=f"discord: rate limited for {exc.retry_after:.1f} s",
+                              retryable=True, retry_after=exc.retry_after)
+        except discord.HTTPException as exc:
+            return self._http_failure(exc, chat_id)
+        except _NETWORK_ERRORS as exc:
+            return SendResult(success=False, error=f"discord: network error: {exc!r}", retryable=True)
+        return SendResult(success=True, message_id=str(message.id))
+
+    @staticmethod
+    def _http_failure(exc: discord.HTTPException, chat_id: str) -> SendResult:
+        error = f"discord: HTTP {exc.status} (code {exc.code}): {exc.text or exc.response.reason}"
+        if exc.status == 429 or exc.status >= 500:  # 429 here: one discord.py would not wait out (no Via header)
+            return SendResult(success=False, error=error, retryable=True)
+        if exc.status in (401, 403):
+            logger.error("%s in channel %s; check the token and the bot's permissions", error, chat_id)
+        return SendResult(success=False, error=error)

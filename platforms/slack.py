@@ -1,0 +1,449 @@
+"""Slack through slack-bolt (async): Socket Mode or the HTTP Events API.
+
+Delivery is at least once: the app is built with ``process_before_response=True`` and every listener
+only hands the event to ``on_message`` (the gateway's durable inbox), so bolt's ack (the Socket Mode
+envelope ack, or the HTTP 200) follows the inbox write. Slack's retries of one event carry the same
+``event_id``, which is the event's dedupe key, so a retry is acknowledged but never processed twice.
+
+What is answered: mentions in channels (in a thread, so a thread is one session), direct messages,
+replies in threads the bot is taking part in, and the slash command (``/hermes new`` is ``/new``).
+Replies are converted from Markdown to Slack's mrkdwn (:func:`to_mrkdwn`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncAck, AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
+
+from platforms.base import (
+    AdapterState,
+    Attachment,
+    AttachmentKind,
+    BasePlatformAdapter,
+    ChatType,
+    MessageEvent,
+    OnMessage,
+    SendResult,
+)
+
+__all__ = ["MAX_PART_LENGTH", "SlackAdapter", "SlackSettings", "SlackStartupError", "to_mrkdwn"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# chat.postMessage accepts 40,000 characters, but Slack recommends at most 4,000 and collapses long
+# messages behind "Show more"; 3,900 keeps each part readable with room for the mrkdwn conversion.
+MAX_PART_LENGTH = 3900
+# Threads the bot takes part in, so replies there need no mention (oldest forgotten first).
+MAX_ACTIVE_THREADS = 10_000
+_HTTP_TIMEOUT = 15.0
+_SOCKET_CONNECT_TIMEOUT = 30.0
+_AUTH_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
+                          "not_allowed_token_type"})
+_RETRYABLE_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable",
+                               "request_timeout"})
+# Message subtypes that are still a person writing; every other subtype (edits, deletions, joins,
+# bot_message ...) is not a new message for the assistant.
+_USER_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
+
+
+@dataclass(frozen=True, slots=True)
+class SlackSettings:
+    """Everything the adapter needs (the gateway builds it from ``platforms.slack``)."""
+
+    bot_token: str
+    app_token: str | None = None
+    signing_secret: str | None = None
+    mode: Literal["socket", "http"] = "socket"
+    api_base_url: str = "https://slack.com/api/"
+    events_path: str = "/slack/events"
+    slash_command: str = "/hermes"
+    reply_in_thread: bool = True
+    ping_interval: float = 10.0
+
+
+class SlackStartupError(RuntimeError):
+    """Slack could not be started; the message names the platform and the setting to check."""
+
+
+class SlackAdapter(BasePlatformAdapter):
+    """Slack over slack-bolt's ``AsyncApp``; HTTP mode serves ``http_routes()`` on the gateway's server."""
+
+    name = "slack"
+    max_message_length = MAX_PART_LENGTH
+    can_edit = True
+
+    def __init__(self, settings: SlackSettings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.bot_user_id: str | None = None
+        self._on_message: OnMessage | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._app: AsyncApp | None = None
+        self._sender: AsyncWebClient | None = None
+        self._socket: AsyncSocketModeHandler | None = None
+        self._threads: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def http_routes(self) -> list[web.RouteDef]:
+        """The Events API endpoint in HTTP mode (nothing in Socket Mode)."""
+        return [web.post(self.settings.events_path, self._handle_http)] if self.settings.mode == "http" else []
+
+    async def connect(self, on_message: OnMessage) -> None:
+        """Check the bot token (auth.test), build the bolt app and, in Socket Mode, open the socket."""
+        self._on_message = on_message
+        self._set_state(AdapterState.CONNECTING)
+        s = self.settings
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_HTTP_TIMEOUT))
+        # Startup and socket calls may retry a dropped connection inside the SDK: they are idempotent.
+        client = AsyncWebClient(token=s.bot_token, base_url=s.api_base_url, session=self._session,
+                                retry_handlers=[AsyncConnectionErrorRetryHandler(max_retry_count=2)])
+        # Posting has no SDK retries at all: the outbox owns retrying (it honours Retry-After, persists the
+        # attempt and keeps the chat's parts in order), and a retry here would hold the chat's lane hostage.
+        self._sender = AsyncWebClient(token=s.bot_token, base_url=s.api_base_url, session=self._session,
+                                      retry_handlers=[])
+        try:
+            await self._authenticate(client)
+            self._app = self._build_app(client)
+            if s.mode == "socket":
+                await self._open_socket()
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, SlackStartupError) else f"slack: failed to start: {exc!r}"
+            self._set_state(AdapterState.FAILED, message)
+            await self._release()
+            raise SlackStartupError(message) from exc
+        self._set_state(AdapterState.CONNECTED)
+        logger.info("slack connected as %s (%s mode)", self.bot_user_id, s.mode)
+
+    async def disconnect(self) -> None:
+        """Close the socket and the HTTP session; the HTTP endpoint answers 503 from now on."""
+        await self._release()
+        if self._state != AdapterState.FAILED:
+            self._set_state(AdapterState.DISCONNECTED)
+
+    async def _release(self) -> None:
+        socket, session = self._socket, self._session
+        self._app = self._socket = self._sender = self._session = None
+        if socket is not None:
+            await socket.close_async()
+        if session is not None:
+            await session.close()
+
+    async def _startup_call(self, call: Awaitable[T], method: str, token: Literal["bot_token", "app_token"]) -> T:
+        """Await a startup API call, turning its failure into an error that names the setting to fix."""
+        try:
+            return await call
+        except SlackApiError as exc:
+            error = _error_code(exc)
+            if error in _AUTH_ERRORS:
+                what = "bot token" if token == "bot_token" else "app token"
+                raise SlackStartupError(f"slack: the {what} was rejected ({method}: {error}); "
+                                        f"check platforms.slack.{token}") from None
+            raise SlackStartupError(f"slack: {method} failed ({error}); "
+                                    "check platforms.slack.api_base_url and Slack's status") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise SlackStartupError(f"slack: cannot reach {self.settings.api_base_url} ({exc!r}); "
+                                    "check platforms.slack.api_base_url and the network") from None
+
+    async def _authenticate(self, client: AsyncWebClient) -> None:
+        auth = await self._startup_call(client.auth_test(), "auth.test", "bot_token")
+        self.bot_user_id = auth.get("user_id")
+
+    def _build_app(self, client: AsyncWebClient) -> AsyncApp:
+        app = AsyncApp(client=client, signing_secret=self.settings.signing_secret or "",
+                       process_before_response=True, request_verification_enabled=self.settings.mode == "http")
+        app.event("app_mention")(self._on_mention)
+        app.event("message")(self._on_message_event)
+        app.command(self.settings.slash_command)(self._on_command)
+        # Any other subscribed event is acknowledged and dropped: bolt would answer 404, and Slack retries
+        # (and eventually disables) a subscription whose deliveries fail.
+        app.event(re.compile(".*"))(self._ignore)
+        return app
+
+    async def _open_socket(self) -> None:
+        s = self.settings
+        assert self._app is not None and s.app_token
+        self._socket = AsyncSocketModeHandler(self._app, s.app_token, ping_interval=s.ping_interval)
+        sdk = self._socket.client
+        # The SDK's connect() retries forever, so a bad app token would hang startup: ask for the first URL
+        # here, where the error can be reported, and let connect() use it.
+        sdk.wss_uri = await self._startup_call(sdk.issue_new_wss_url(), "apps.connections.open", "app_token")
+        try:
+            await asyncio.wait_for(self._socket.connect_async(), _SOCKET_CONNECT_TIMEOUT)
+        except TimeoutError:
+            raise SlackStartupError(f"slack: the Socket Mode connection did not open within "
+                                    f"{_SOCKET_CONNECT_TIMEOUT:.0f}s") from None
+
+    # ----------------------------------------------------------------- inbound
+
+    async def _handle_http(self, request: web.Request) -> web.StreamResponse:
+        """The Events API endpoint: bolt verifies the signature and dispatches."""
+        app = self._app
+        if app is None:
+            return web.json_response({"error": "slack is not connected"}, status=503)
+        raw = await request.read()
+        try:
+            body = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            # Slack signs UTF-8 text; bytes that are not UTF-8 cannot be a genuine request (bolt's own
+            # to_bolt_request would fail on them with a 500, which Slack would keep retrying).
+            return web.json_response({"error": "invalid request"}, status=401)
+        if "X-Slack-Retry-Num" in request.headers:
+            logger.info("slack retry %s (%s)", request.headers["X-Slack-Retry-Num"],
+                        request.headers.get("X-Slack-Retry-Reason", "?"))
+        bolt_request = AsyncBoltRequest(body=body, query=request.query_string,
+                                        headers=request.headers)  # type: ignore[arg-type]
+        return await to_aiohttp_response(await app.async_dispatch(bolt_request))
+
+    async def _on_mention(self, body: dict[str, Any]) -> None:
+        event = body["event"]
+        if self._from_a_bot(event):
+            return
+        thread = event.get("thread_ts") or (event["ts"] if self.settings.reply_in_thread else None)
+        await self._deliver(body, event, "group", thread, mentions_bot=True)
+
+    async def _on_message_event(self, body: dict[str, Any]) -> None:
+        event = body["event"]
+        if event.get("subtype") not in (None, *_USER_SUBTYPES) or self._from_a_bot(event):
+            return
+        if event.get("channel_type") == "im":
+            await self._deliver(body, event, "dm", event.get("thread_ts"),
+                                mentions_bot=self._mention in (event.get("text") or ""))
+            return
+        thread = event.get("thread_ts")
+        if thread is None or (event["channel"], thread) not in self._threads:
+            return
+        if self._mention in (event.get("text") or ""):
+            return  # the app_mention event for this same message is the one answered
+        await self._deliver(body, event, "group", thread, mentions_bot=False)
+
+    async def _on_command(self, ack: AsyncAck, command: dict[str, Any]) -> None:
+        text = (command.get("text") or "").strip()
+        channel = command["channel_id"]
+        event = MessageEvent(
+            platform=self.name, event_id=f"command:{command['trigger_id']}", chat_id=channel,
+            chat_type="dm" if channel.startswith("D") else "group", user_id=command["user_id"],
+            user_name=command.get("user_name"), text=f"/{text}" if text else "/help",
+            metadata={"team_id": command.get("team_id", ""), "command": command.get("command", "")})
+        if await self._accept(event):
+            await ack()  # shows nothing: the answer arrives as a normal message through the outbox
+        else:
+            await ack("You are not allowed to use this assistant here.")
+
+    async def _ignore(self) -> None:
+        return None
+
+    @property
+    def _mention(self) -> str:
+        return f"<@{self.bot_user_id}>"
+
+    def _from_a_bot(self, event: Mapping[str, Any]) -> bool:
+        return bool(event.get("bot_id")) or event.get("subtype") == "bot_message" or not event.get("user") \
+            or event.get("user") == self.bot_user_id
+
+    async def _deliver(self, body: Mapping[str, Any], event: Mapping[str, Any], chat_type: ChatType,
+                       thread: str | None, *, mentions_bot: bool) -> None:
+        channel = event["channel"]
+        text = _strip_mention(event.get("text") or "", self.bot_user_id or "")
+        message = MessageEvent(
+            platform=self.name, event_id=body["event_id"], chat_id=channel, chat_type=chat_type,
+            user_id=event["user"], user_name=None, text=text, message_id=event["ts"], thread_id=thread,
+            reply_to_message_id=event.get("thread_ts"), mentions_bot=mentions_bot,
+            attachments=tuple(_attachment(f) for f in event.get("files") or () if f.get("id")),
+            metadata={"team_id": body.get("team_id", ""), "ts": event["ts"]})
+        if await self._accept(message) and thread is not None:
+            self._remember_thread(channel, thread)
+
+    async def _accept(self, event: MessageEvent) -> bool:
+        """Hand the event to the gateway; an exception propagates, so bolt answers 500 and Slack retries."""
+        assert self._on_message is not None
+        return await self._on_message(event) is not None
+
+    def _remember_thread(self, channel: str, thread_ts: str) -> None:
+        self._threads[(channel, thread_ts)] = None
+        self._threads.move_to_end((channel, thread_ts))
+        while len(self._threads) > MAX_ACTIVE_THREADS:
+            self._threads.popitem(last=False)
+
+    # ----------------------------------------------------------------- outbound
+
+    async def send(self, chat_id: str, content: str, reply_to: str | None = None,
+                   metadata: Mapping[str, str] | None = None) -> SendResult:
+        """chat.postMessage in the thread named by ``metadata["thread_id"]`` (Slack has no quote-replies)."""
+        thread = (metadata or {}).get("thread_id")
+        args: dict[str, Any] = {"channel": chat_id, "text": to_mrkdwn(content), "unfurl_links": False,
+                                "unfurl_media": False}
+        if thread:
+            args["thread_ts"] = thread
+        result = await self._call(chat_id, lambda c: c.chat_postMessage(**args))
+        if result.success and thread:
+            self._remember_thread(chat_id, thread)
+        return result
+
+    async def edit_message(self, chat_id: str, message_id: str, content: str,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """chat.update of a message the bot posted (``message_id`` is its ``ts``)."""
+        return await self._call(chat_id, lambda c: c.chat_update(channel=chat_id, ts=message_id,
+                                                                 text=to_mrkdwn(content)))
+
+    async def _call(self, chat_id: str, request: Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]]
+                    ) -> SendResult:
+        client = self._sender
+        if client is None:
+            return SendResult(success=False, error="slack is not connected", retryable=True)
+        try:
+            response = await request(client)
+        except SlackApiError as exc:
+            result = _failure(exc)
+            logger.info("slack call in %s failed: %s", chat_id, result.error)
+            return result
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return SendResult(success=False, error=f"slack: connection error: {exc!r}", retryable=True)
+        return SendResult(success=True, message_id=response.get("ts"))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _error_code(exc: SlackApiError) -> str:
+    data = exc.response.data if exc.response is not None else None
+    error = data.get("error") if isinstance(data, dict) else None
+    return error or f"HTTP {exc.response.status_code if exc.response is not None else '?'}"
+
+
+def _failure(exc: SlackApiError) -> SendResult:
+    status = exc.response.status_code
+    error = _error_code(exc)
+    if status == 429 or error == "ratelimited":
+        retry_after = exc.response.headers.get("Retry-After")
+        try:
+            seconds = float(retry_after) if retry_after is not None else None
+        except ValueError:
+            seconds = None
+        return SendResult(success=False, error="slack: rate limited", retryable=True, retry_after=seconds)
+    return SendResult(success=False, error=f"slack: {error}", retryable=status >= 500 or error in _RETRYABLE_ERRORS)
+
+
+def _strip_mention(text: str, bot_user_id: str) -> str:
+    """The text without a leading ``<@BOT>`` (or ``<@BOT|name>``) mention."""
+    return re.sub(rf"^\s*<@{re.escape(bot_user_id)}(?:\|[^>]*)?>[\s:,]*", "", text) if bot_user_id else text
+
+
+def _attachment(file: Mapping[str, Any]) -> Attachment:
+    mime = file.get("mimetype") or ""
+    kind: AttachmentKind = ("photo" if mime.startswith("image/") else "audio" if mime.startswith("audio/")
+                            else "video" if mime.startswith("video/") else "file")
+    return Attachment(kind=kind, file_id=file["id"], name=file.get("name"), mime_type=mime or None,
+                      size=file.get("size"), url=file.get("url_private"))
+
+
+# --------------------------------------------------------------------------- Markdown -> mrkdwn
+
+_FENCE = re.compile(r" {0,3}(`{3,})[^`]*")
+_HEADING = re.compile(r" {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*")
+_BULLET = re.compile(r"( *)[-*+][ \t]+(.*)")
+_QUOTE = re.compile(r" {0,3}> ?(.*)")
+_CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
+_LINK = re.compile(r"!?\[([^\]\n]+)\]\(\s*((?:https?://|mailto:)[^\s)]+)(?:\s+\"[^\"]*\")?\s*\)")
+_AUTOLINK = re.compile(r"<((?:https?://|mailto:)[^\s<>|]+)(?:\|([^<>\n]+))?>")
+_BOLD_ITALIC = re.compile(r"\*\*\*(?=\S)(.+?)(?<=\S)\*\*\*")
+_BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
+_ITALIC = re.compile(r"(?<![\w*\\])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])")
+_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
+_SENTINELS = re.compile("[\x00\x02]")
+_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
+_BOLD_MARK = "\x02"
+
+
+def _escape(text: str) -> str:
+    """Slack's three control characters as entities (the client shows them as typed)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _escape_url(url: str) -> str:
+    return url.replace("&", "&amp;").replace("|", "%7C").replace("<", "%3C").replace(">", "%3E")
+
+
+def _inline(text: str, links: list[str]) -> str:
+    """One line of prose: emphasis, strike-through and links converted, everything else escaped."""
+    out: list[str] = []
+    pos = 0
+    for m in _CODE_SPAN.finditer(text):
+        out.append(_prose(text[pos:m.start()], links))
+        out.append(f"`{_escape(m.group(2))}`")
+        pos = m.end()
+    out.append(_prose(text[pos:], links))
+    return "".join(out)
+
+
+def _prose(text: str, links: list[str]) -> str:
+    def link(m: re.Match[str]) -> str:
+        links.append(f"<{_escape_url(m.group(2))}|{_escape(m.group(1))}>")
+        return f"\x00{len(links) - 1}\x00"
+
+    def autolink(m: re.Match[str]) -> str:
+        label = f"|{_escape(m.group(2))}" if m.group(2) else ""
+        links.append(f"<{_escape_url(m.group(1))}{label}>")
+        return f"\x00{len(links) - 1}\x00"
+
+    text = _escape(_AUTOLINK.sub(autolink, _LINK.sub(link, text)))
+    text = _BOLD_ITALIC.sub(lambda m: f"{_BOLD_MARK}_{m.group(1)}_{_BOLD_MARK}", text)
+    text = _BOLD.sub(lambda m: f"{_BOLD_MARK}{m.group(2)}{_BOLD_MARK}", text)
+    text = _ITALIC.sub(r"_\1_", text)
+    text = _STRIKE.sub(r"~\1~", text)
+    return text.replace(_BOLD_MARK, "*")
+
+
+def _line(line: str, links: list[str]) -> str:
+    if m := _HEADING.fullmatch(line):
+        title = _inline(m.group(1).replace("**", "").replace("__", ""), links)
+        return f"*{title}*" if title else ""
+    if m := _QUOTE.fullmatch(line):
+        return f"> {_inline(m.group(1), links)}".rstrip()
+    if m := _BULLET.fullmatch(line):
+        return f"{m.group(1)}• {_inline(m.group(2), links)}"
+    return _inline(line, links)
+
+
+def to_mrkdwn(markdown: str) -> str:
+    """Markdown as Slack mrkdwn: ``**b**`` -> ``*b*``, ``*i*`` -> ``_i_``, ``[t](u)`` -> ``<u|t>``, headings bold.
+
+    Code spans and fenced blocks are kept (fences lose their language, which Slack would show as code);
+    ``&``, ``<`` and ``>`` are escaped everywhere except in the links made here, so text from the model
+    can never form a Slack control sequence such as ``<!channel>``.
+    """
+    markdown = _SENTINELS.sub("", markdown)
+    links: list[str] = []
+    out: list[str] = []
+    fence: str | None = None  # the backticks that opened the current code block
+    for line in markdown.split("\n"):
+        m = _FENCE.fullmatch(line)
+        if fence is None and m:
+            fence = m.group(1)
+            out.append("```")
+        elif fence is not None:
+            if m and m.group(1).startswith(fence) and line.strip() == m.group(1):
+                fence = None
+                out.append("```")
+            else:
+                out.append(_escape(line))
+        else:
+            out.append(_line(line, links))
+    return _PLACEHOLDER.sub(lambda m: links[int(m.group(1))], "\n".join(out))

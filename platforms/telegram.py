@@ -1,0 +1,463 @@
+"""Telegram through python-telegram-bot: long polling or a webhook, each update stored before it is confirmed.
+
+PTB's ``Updater`` confirms an update as soon as it is queued, before anything stored it, so the adapter
+polls by hand: ``getUpdates``, hand each update to the gateway, and only then move the offset past it (the
+next ``getUpdates`` confirms). ``event_id`` is the ``update_id``, so a redelivered update is dropped by the
+gateway's inbox. In webhook mode the gateway's HTTP server answers Telegram with 200 only after the update
+is stored; any other answer makes Telegram deliver it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
+from telegram import LinkPreviewOptions, Message, MessageEntity, ReplyParameters, Update
+from telegram.constants import ChatAction, ChatType, ParseMode
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Conflict,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
+from telegram.ext import AIORateLimiter, Application
+
+from platforms.base import (
+    Accepted,
+    AdapterState,
+    Attachment,
+    AttachmentKind,
+    BasePlatformAdapter,
+    MessageEvent,
+    OnMessage,
+    SendResult,
+    utf16_len,
+)
+from platforms.telegram_format import markdown_to_html
+
+__all__ = ["AttachmentTooLarge", "TelegramAdapter", "TelegramSettings"]
+
+logger = logging.getLogger(__name__)
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_BACKOFF_INITIAL = 0.5
+_BACKOFF_MAX = 30.0
+_STOP_GRACE = 5.0  # seconds disconnect lets an update being handed over finish
+_CONFIRM_TIMEOUT = 2.0
+_NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+_CHAT_TYPES: dict[str, Literal["dm", "group"]] = {ChatType.PRIVATE: "dm", ChatType.GROUP: "group",
+                                         ChatType.SUPERGROUP: "group"}
+# Rejections of the formatted text that the same text as plain text avoids.
+_FORMAT_ERRORS = ("can't parse entities", "message is too long", "text is empty")
+_NOT_MODIFIED = "message is not modified"
+_TOKEN_REJECTED = "telegram: the bot token was rejected (getMe returned 401); check platforms.telegram.token"
+_NOT_FOUND = ("telegram: the Bot API answered 404 Not Found; check platforms.telegram.base_url "
+              "(and platforms.telegram.token)")
+
+
+class _HandledFloodControl(logging.Filter):
+    """Drops AIORateLimiter's ERROR-with-traceback for each 429 it passes on: the outbox retries those."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Rate limit hit after maximum of 0 retries")
+
+
+_FLOOD_FILTER = _HandledFloodControl()
+
+
+class AttachmentTooLarge(ValueError):
+    """A file is larger than ``max_attachment_bytes``; it was not downloaded."""
+
+
+@dataclass(frozen=True, slots=True)
+class TelegramSettings:
+    """What the adapter needs from ``platforms.telegram`` (secrets already revealed)."""
+
+    token: str
+    base_url: str = "https://api.telegram.org/bot"
+    base_file_url: str = "https://api.telegram.org/file/bot"
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+    webhook_path: str = "/telegram/webhook"
+    poll_timeout: int = 30
+    group_trigger: Literal["mention", "always"] = "mention"
+    edited_messages: Literal["ignore", "handle"] = "ignore"
+    max_attachment_bytes: int = 20 * 1024 * 1024
+    parse_mode: Literal["markdown", "html", "plain"] = "html"
+    overall_per_second: float = 30.0
+    group_per_minute: float = 20.0
+
+
+def _transient(exc: TelegramError) -> bool:
+    """Worth retrying the same request later (BadRequest subclasses NetworkError but is final)."""
+    return isinstance(exc, RetryAfter | Conflict) or (isinstance(exc, NetworkError) and not isinstance(exc, BadRequest))
+
+
+def _retry_seconds(exc: RetryAfter) -> float:
+    # The public ``retry_after`` warns about its int -> timedelta migration; PTB's own rate limiter reads this.
+    return exc._retry_after.total_seconds()
+
+
+def _send_failure(exc: TelegramError) -> SendResult:
+    """A failed send or edit as the outbox needs it: retry only what may succeed later."""
+    if isinstance(exc, RetryAfter):
+        return SendResult(False, error=f"flood control: {exc.message}", retryable=True,
+                          retry_after=_retry_seconds(exc))
+    if isinstance(exc, ChatMigrated):
+        return SendResult(False, error=f"the group is now the supergroup {exc.new_chat_id}")
+    if isinstance(exc, InvalidToken | BadRequest | Forbidden):
+        return SendResult(False, error=exc.message)
+    return SendResult(False, error=exc.message, retryable=True)
+
+
+def _startup_error(exc: TelegramError) -> str:
+    cause = exc.__cause__ if isinstance(exc.__cause__, TelegramError) else exc
+    if isinstance(exc, InvalidToken):
+        return _NOT_FOUND if "not found" in cause.message.lower() else _TOKEN_REJECTED
+    return f"telegram: could not start: {exc.message}"
+
+
+def _chat_ref(chat_id: str) -> int | str:
+    """Numeric chat ids as int (the rate limiter groups by them); ``@channel`` names as they are."""
+    return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
+
+
+def _thread_kwargs(metadata: Mapping[str, str] | None) -> dict[str, Any]:
+    thread = (metadata or {}).get("thread_id")
+    return {"message_thread_id": int(thread)} if thread else {}
+
+
+def _attachments(msg: Message) -> tuple[Attachment, ...]:
+    found: list[Attachment] = []
+    if msg.photo:
+        largest = msg.photo[-1]
+        found.append(Attachment("photo", largest.file_id, None, "image/jpeg", largest.file_size))
+    media: tuple[tuple[AttachmentKind, Any], ...] = (
+        ("document", msg.document), ("voice", msg.voice), ("audio", msg.audio), ("video", msg.video))
+    for kind, item in media:
+        if item is not None:
+            found.append(Attachment(kind, item.file_id, getattr(item, "file_name", None), item.mime_type,
+                                    item.file_size))
+    return tuple(found)
+
+
+def _strip_mention(text: str, username: str) -> str:
+    """``text`` without a leading ``@username`` and the separators after it."""
+    handle = "@" + username
+    rest = text[len(handle):]
+    if not text.lower().startswith(handle.lower()) or (rest[:1].isalnum() or rest[:1] == "_"):
+        return text
+    return rest.lstrip(" \t\n,:;")
+
+
+class TelegramAdapter(BasePlatformAdapter):
+    """A Telegram bot on a hand-driven ``telegram.ext.Application`` (never run_polling/run_webhook)."""
+
+    name = "telegram"
+    max_message_length = 4096
+    length_fn = utf16_len
+    can_edit = True
+
+    def __init__(self, settings: TelegramSettings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.bot_username: str | None = None
+        builder = (Application.builder().token(settings.token).base_url(settings.base_url)
+                   .base_file_url(settings.base_file_url).updater(None).job_queue(None))
+        if settings.overall_per_second or settings.group_per_minute:
+            # max_retries=0: a 429 comes back to the outbox, which keeps the part durable and retries it
+            # after retry_after without holding up other chats (PTB would sleep inside the call).
+            builder = builder.rate_limiter(AIORateLimiter(overall_max_rate=settings.overall_per_second,
+                                                          group_max_rate=settings.group_per_minute, max_retries=0))
+            logging.getLogger("telegram.ext.AIORateLimiter").addFilter(_FLOOD_FILTER)  # adding twice is a no-op
+        self._app = builder.build()
+        self._allowed_updates = ["message"] + (["edited_message"] if settings.edited_messages == "handle" else [])
+        self._on_message: OnMessage | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._offset: int | None = None
+        self._long_polling = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def http_routes(self) -> list[web.RouteDef]:
+        """The webhook endpoint, in webhook mode."""
+        if self.settings.mode != "webhook":
+            return []
+        return [web.post(self.settings.webhook_path, self._handle_webhook)]
+
+    async def connect(self, on_message: OnMessage) -> None:
+        """getMe, then set the webhook or start polling; a Bot API that is unreachable is retried in the background.
+
+        Raises RuntimeError (state FAILED) when the token is rejected or the setup is refused for good.
+        """
+        self._on_message = on_message
+        self._stop = asyncio.Event()
+        self._set_state(AdapterState.CONNECTING)
+        started = await self._try_start()
+        if started and self.settings.mode == "webhook":
+            return
+        self._task = asyncio.create_task(self._run(started), name="telegram-adapter")
+        self._task.add_done_callback(self._task_done)
+
+    async def disconnect(self) -> None:
+        """Stop polling at once (an update being handed over may finish), confirm what was stored, close."""
+        self._on_message = None
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            if self._long_polling:
+                task.cancel()
+            _, pending = await asyncio.wait({task}, timeout=_STOP_GRACE)
+            for late in pending:
+                late.cancel()
+                await asyncio.wait({late})
+        if self._offset is not None and self.state is AdapterState.CONNECTED:
+            with contextlib.suppress(TelegramError):
+                await self._app.bot.get_updates(offset=self._offset, timeout=0, limit=1,
+                                                read_timeout=_CONFIRM_TIMEOUT, allowed_updates=self._allowed_updates)
+        await self._app.shutdown()
+        await self._app.bot.shutdown()  # also when initialize never got past getMe
+        self._set_state(AdapterState.DISCONNECTED)
+
+    async def _try_start(self) -> bool:
+        """One attempt at getMe plus webhook setup; False after a transient failure (state says why)."""
+        bot = self._app.bot
+        try:
+            await self._app.initialize()
+            self.bot_username = bot.username
+            if self.settings.mode == "webhook":
+                await bot.set_webhook(self.settings.webhook_url or "", secret_token=self.settings.webhook_secret,
+                                      allowed_updates=self._allowed_updates)
+            else:
+                await bot.delete_webhook()
+        except TelegramError as exc:
+            if not _transient(exc):
+                message = _startup_error(exc)
+                self._set_state(AdapterState.FAILED, message)
+                raise RuntimeError(message) from None
+            logger.warning("telegram: Bot API unreachable (%s); retrying", exc.message)
+            self._set_state(AdapterState.CONNECTING, f"telegram: Bot API unreachable: {exc.message}")
+            return False
+        self._set_state(AdapterState.CONNECTED)
+        logger.info("telegram: connected as @%s (%s)", self.bot_username, self.settings.mode)
+        return True
+
+    async def _run(self, started: bool) -> None:
+        delay = _BACKOFF_INITIAL
+        while not started:
+            if await self._pause(delay):
+                return
+            try:
+                started = await self._try_start()
+            except RuntimeError as exc:
+                logger.error("%s", exc)
+                return
+            delay = min(delay * 2, _BACKOFF_MAX)
+        if self.settings.mode == "polling":
+            await self._poll()
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep, cut short by disconnect; returns whether the adapter is stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        return self._stop.is_set()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("telegram: the polling task died", exc_info=task.exception())
+            self._set_state(AdapterState.FAILED, f"telegram: polling stopped: {task.exception()}")
+
+    # -- inbound ---------------------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        """Poll until disconnected, backing off after failures (honouring retry_after); never spins."""
+        delay = _BACKOFF_INITIAL
+        while not self._stop.is_set():
+            try:
+                if await self._poll_once():
+                    delay = _BACKOFF_INITIAL
+                    continue
+                wait = delay
+            except InvalidToken as exc:
+                message = _startup_error(exc)
+                logger.error("%s", message)
+                self._set_state(AdapterState.FAILED, message)
+                return
+            except TelegramError as exc:
+                wait = _retry_seconds(exc) if isinstance(exc, RetryAfter) else delay
+                logger.warning("telegram: getUpdates failed (%s); retrying in %.1fs", exc.message, wait)
+                self._set_state(AdapterState.CONNECTING, f"telegram: getUpdates failed: {exc.message}")
+            delay = min(delay * 2, _BACKOFF_MAX)
+            if await self._pause(wait):
+                return
+
+    async def _poll_once(self) -> bool:
+        """One getUpdates, then each update handed over before the offset moves past it.
+
+        False when the gateway could not take an update: it stays unconfirmed and comes again.
+        """
+        self._long_polling = True
+        try:
+            updates = await self._app.bot.get_updates(offset=self._offset, timeout=self.settings.poll_timeout,
+                                                      allowed_updates=self._allowed_updates)
+        finally:
+            self._long_polling = False
+        if self.state is not AdapterState.CONNECTED:
+            self._set_state(AdapterState.CONNECTED)
+        for update in updates:
+            if self._stop.is_set():
+                break
+            try:
+                await self._deliver(update)
+            except Exception:
+                logger.exception("telegram: could not hand over update %s; it will be redelivered", update.update_id)
+                return False
+            self._offset = update.update_id + 1
+        return True
+
+    async def _deliver(self, update: Update) -> Accepted | None:
+        """Offer an update to the gateway; an update that cannot be read is logged and skipped."""
+        on_message = self._on_message
+        try:
+            event = self.to_event(update)
+        except Exception:  # one malformed update must not block every later one
+            logger.exception("telegram: update %s could not be read; skipped", update.update_id)
+            return None
+        if event is None or on_message is None:
+            return None
+        return await on_message(event)
+
+    async def _handle_webhook(self, request: web.Request) -> web.Response:
+        if self._on_message is None or self.state is not AdapterState.CONNECTED:
+            return web.Response(status=503, text="not accepting updates right now")
+        given = request.headers.get(SECRET_HEADER, "").encode()
+        if not hmac.compare_digest(given, (self.settings.webhook_secret or "").encode()):
+            logger.info("telegram: webhook request with a wrong or missing secret refused")
+            return web.Response(status=403, text="wrong secret token")
+        try:
+            data = await request.json()
+            update = Update.de_json(data, self._app.bot) if isinstance(data, dict) else None
+        except (ValueError, TypeError, KeyError, AttributeError):
+            update = None
+        if update is None:
+            return web.Response(status=400, text="not a Telegram update")
+        try:
+            await self._deliver(update)
+        except Exception:  # not stored: Telegram delivers it again
+            logger.exception("telegram: could not hand over update %s", update.update_id)
+            return web.Response(status=503, text="could not store the update")
+        return web.Response(status=200)
+
+    def to_event(self, update: Update) -> MessageEvent | None:
+        """The MessageEvent for an update, or None when the bot should not answer it."""
+        msg, edited = update.message, False
+        if msg is None and self.settings.edited_messages == "handle" and update.edited_message is not None:
+            msg, edited = update.edited_message, True
+        if msg is None or msg.from_user is None:
+            return None
+        chat_type = _CHAT_TYPES.get(msg.chat.type)
+        text = msg.text or msg.caption or ""
+        attachments = _attachments(msg)
+        if chat_type is None or not (text or attachments):
+            return None
+        bot = self._app.bot
+        username = self.bot_username or ""
+        entities = msg.parse_entities() if msg.text else msg.parse_caption_entities()
+        mentioned = any(
+            (e.type == MessageEntity.MENTION and value.lower() == f"@{username}".lower())
+            or (e.type == MessageEntity.TEXT_MENTION and e.user is not None and e.user.id == bot.id)
+            for e, value in entities.items())
+        reply = msg.reply_to_message
+        if reply is not None and msg.is_topic_message and reply.message_id == msg.message_thread_id:
+            reply = None  # inside a forum topic every message "replies" to the topic's first message
+        replied_to_bot = reply is not None and reply.from_user is not None and reply.from_user.id == bot.id
+        if chat_type == "group":
+            command = any(e.type == MessageEntity.BOT_COMMAND and e.offset == 0
+                          and value.partition("@")[2].lower() in ("", username.lower())
+                          for e, value in entities.items())
+            if self.settings.group_trigger == "mention" and not (mentioned or replied_to_bot or command):
+                return None
+            text = _strip_mention(text, username) if username else text
+        user = msg.from_user
+        return MessageEvent(
+            platform=self.name, event_id=str(update.update_id), chat_id=str(msg.chat.id), chat_type=chat_type,
+            user_id=str(user.id), user_name=user.username or user.full_name, text=text,
+            message_id=str(msg.message_id),
+            thread_id=str(msg.message_thread_id) if msg.is_topic_message and msg.message_thread_id else None,
+            reply_to_message_id=str(reply.message_id) if reply is not None else None,
+            mentions_bot=mentioned or replied_to_bot, attachments=attachments,
+            metadata={"edited": "true"} if edited else {})
+
+    async def download(self, file_id: str) -> bytes:
+        """The content of an attachment, fetched through ``base_file_url``.
+
+        Raises AttachmentTooLarge above ``max_attachment_bytes``, TelegramError when Telegram refuses.
+        """
+        limit = self.settings.max_attachment_bytes
+        file = await self._app.bot.get_file(file_id)
+        if file.file_size is not None and file.file_size > limit:
+            raise AttachmentTooLarge(f"telegram: file of {file.file_size} bytes is over the {limit}-byte limit")
+        data = bytes(await file.download_as_bytearray())
+        if len(data) > limit:
+            raise AttachmentTooLarge(f"telegram: file of {len(data)} bytes is over the {limit}-byte limit")
+        return data
+
+    # -- outbound --------------------------------------------------------------------------------
+
+    async def send(self, chat_id: str, content: str, reply_to: str | None = None,
+                   metadata: Mapping[str, str] | None = None) -> SendResult:
+        """sendMessage, formatted per ``parse_mode``, threaded under ``reply_to`` and in the topic."""
+        kwargs: dict[str, Any] = {"chat_id": _chat_ref(chat_id), **_thread_kwargs(metadata)}
+        if reply_to:
+            kwargs["reply_parameters"] = ReplyParameters(int(reply_to), allow_sending_without_reply=True)
+        try:
+            msg = await self._formatted(self._app.bot.send_message, content, kwargs)
+        except TelegramError as exc:
+            logger.info("telegram: sendMessage to %s failed: %s", chat_id, exc.message)
+            return _send_failure(exc)
+        return SendResult(True, message_id=str(msg.message_id))
+
+    async def edit_message(self, chat_id: str, message_id: str, content: str,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """editMessageText; an edit to the text the message already shows counts as done."""
+        kwargs: dict[str, Any] = {"chat_id": _chat_ref(chat_id), "message_id": int(message_id)}
+        try:
+            await self._formatted(self._app.bot.edit_message_text, content, kwargs)
+        except TelegramError as exc:
+            if isinstance(exc, BadRequest) and _NOT_MODIFIED in exc.message.lower():
+                return SendResult(True, message_id=message_id)
+            logger.info("telegram: editMessageText in %s failed: %s", chat_id, exc.message)
+            return _send_failure(exc)
+        return SendResult(True, message_id=message_id)
+
+    async def send_typing(self, chat_id: str, metadata: Mapping[str, str] | None = None) -> None:
+        """sendChatAction typing (in the topic, if any); failures only cost the indicator."""
+        try:
+            await self._app.bot.send_chat_action(_chat_ref(chat_id), ChatAction.TYPING, **_thread_kwargs(metadata))
+        except TelegramError as exc:
+            logger.debug("telegram: sendChatAction to %s failed: %s", chat_id, exc.message)
+
+    async def _formatted(self, call: Callable[..., Awaitable[Any]], content: str, kwargs: dict[str, Any]) -> Any:
+        """``call`` with the formatted text; formatting Telegram rejects is resent as the plain text."""
+        mode = self.settings.parse_mode
+        text, parse_mode = {"html": (markdown_to_html(content), ParseMode.HTML),
+                            "markdown": (content, ParseMode.MARKDOWN)}.get(mode, (content, None))
+        try:
+            return await call(text=text, parse_mode=parse_mode, link_preview_options=_NO_PREVIEW, **kwargs)
+        except BadRequest as exc:
+            if parse_mode is None or not any(fragment in exc.message.lower() for fragment in _FORMAT_ERRORS):
+                raise
+            logger.info("telegram: formatted text rejected (%s); sending it as plain text", exc.message)
+        return await call(text=content, link_preview_options=_NO_PREVIEW, **kwargs)

@@ -1,0 +1,32 @@
+"""How the agent calls the model and tools: streaming only when watched, bounded tool metric labels."""
+
+from __future__ import annotations
+
+from gateway.sim.model_server import rules, tool_call
+
+
+async def test_webhook_run_does_not_stream_even_when_streaming_is_on(make_gateway) -> None:
+    h = await make_gateway({"model": {"stream": True}})
+    status, body = await h.post_webhook()
+    assert status == 202
+    run = await h.wait_run(body["run_id"])
+    assert run["status"] == "completed"
+    assert [bool(r.get("stream")) for r in h.model.requests] == [False], "nobody watches a webhook run's text"
+
+
+async def test_chat_run_on_an_editable_platform_streams(make_gateway) -> None:
+    h = await make_gateway({"model": {"stream": True}})
+    await h.chat.user_says("hello there")
+    await h.chat.wait_for(lambda: any(t.startswith("Echo: hello there") and "▍" not in t
+                                      for t in h.chat.final_texts()))
+    assert [bool(r.get("stream")) for r in h.model.requests] == [True]
+
+
+async def test_invented_tool_names_share_one_metric_label(make_gateway) -> None:
+    h = await make_gateway(responder=rules((r"UNTRUSTED WEBHOOK PAYLOAD", tool_call("no_such_tool_4f9a", {}))))
+    _, body = await h.post_webhook()
+    run = await h.wait_run(body["run_id"])
+    assert run["tool_calls"][0]["name"] == "no_such_tool_4f9a" and run["tool_calls"][0]["error"]
+    metrics = h.gateway.metrics.render().decode()
+    assert 'hermes_tool_call_seconds_count{tool="(not allowed)"} 1.0' in metrics
+    assert "no_such_tool_4f9a" not in metrics

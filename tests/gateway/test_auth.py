@@ -1,0 +1,164 @@
+"""Authorization, DM pairing, inbound rate limits and run/user budgets, through the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from gateway.pairing import ALPHABET, CODE_LENGTH, PairingStore
+from gateway.sim.model_server import rules, tool_call
+
+PAIRING = {"auth": {"dm_pairing": True, "admins": ["telegram:9000"],
+                    "platforms": {"telegram": {"allowed_users": ["1001"], "denied_users": ["6660"]}}}}
+CODE = re.compile(r"code: ([A-Z0-9]{4})-([A-Z0-9]{4})")
+
+
+def _codes(h) -> list[str]:
+    return ["".join(m.groups()) for s in h.chat.sent if (m := CODE.search(s.text))]
+
+
+async def _settle(h, n_sent: int) -> None:
+    await h.chat.wait_for(lambda: len(h.chat.sent) >= n_sent)
+    await asyncio.sleep(0.15)  # nothing more arrives
+
+
+async def test_stranger_gets_no_model_call_and_no_reply_without_pairing(make_gateway) -> None:
+    h = await make_gateway()
+    for text in ("hello", "/status", "/new"):
+        assert await h.chat.user_says(text, user_id="5555", chat_id="5555") is None
+    await asyncio.sleep(0.2)
+    assert h.model.requests == [] and h.chat.sent == []
+    metrics = h.gateway.metrics.render().decode()
+    assert 'hermes_events_total{outcome="unauthorized",platform="telegram"} 3.0' in metrics
+
+
+async def test_pairing_code_once_per_user_and_at_most_three_pending(make_gateway) -> None:
+    h = await make_gateway(PAIRING)
+    for user in ("2001", "2002", "2003"):
+        await h.chat.user_says("hi", user_id=user, chat_id=user)
+        await h.chat.user_says("hello again?", user_id=user, chat_id=user)  # ignored silently
+    await _settle(h, 3)
+    codes = _codes(h)
+    assert len(codes) == 3 and len(set(codes)) == 3
+    assert all(len(c) == CODE_LENGTH and set(c) <= set(ALPHABET) for c in codes)
+    assert [s.chat_id for s in h.chat.sent] == ["2001", "2002", "2003"]
+    await h.chat.user_says("me too", user_id="2004", chat_id="2004")  # a 4th pending code is not issued
+    await asyncio.sleep(0.2)
+    assert len(h.chat.sent) == 3 and h.model.requests == []
+
+
+async def test_pairing_never_in_groups_and_never_for_denylisted(make_gateway) -> None:
+    h = await make_gateway(PAIRING)
+    await h.chat.user_says("hi all", user_id="2001", chat_id="-100", chat_type="group")
+    await h.chat.user_says("let me in", user_id="6660", chat_id="6660")
+    await asyncio.sleep(0.2)
+    assert h.chat.sent == [] and h.model.requests == []
+
+
+async def test_admin_approves_and_user_can_chat_nonadmin_refused(make_gateway) -> None:
+    h = await make_gateway(PAIRING)
+    await h.chat.user_says("hi", user_id="2001", chat_id="2001")
+    await _settle(h, 1)
+    (code,) = _codes(h)
+    # an allowed user who is not an admin cannot approve
+    await h.chat.user_says(f"/pair approve {code}", user_id="1001", chat_id="1001")
+    await _settle(h, 2)
+    assert h.chat.sent[1].text == "Only gateway admins can approve pairing codes."
+    await h.chat.user_says("still me", user_id="2001", chat_id="2001")
+    await asyncio.sleep(0.2)
+    assert h.model.requests == []
+    # the admin approves (dashes and case do not matter)
+    await h.chat.user_says(f"/pair approve {code[:4].lower()}-{code[4:]}", user_id="9000", chat_id="9000")
+    await _settle(h, 4)
+    by_chat = {s.chat_id: s.text for s in h.chat.sent[2:]}
+    assert by_chat["9000"].startswith("Approved telegram user 2001")
+    assert by_chat["2001"] == "You're approved: you can chat with me now."
+    await h.chat.user_says("now can I talk?", user_id="2001", chat_id="2001")
+    await h.chat.wait_for(lambda: h.chat.final_texts("2001")[-1] == "Echo: now can I talk?")
+    assert len(h.model.requests) == 1
+
+
+async def test_expired_code_rejected_and_lockout_after_five_failures(make_gateway) -> None:
+    h = await make_gateway()
+    pairing = PairingStore(h.gateway.store, ttl=60, max_pending=3)
+    now = time.time()
+    code = await pairing.issue("telegram", "3001", "ana", "3001", now=now - 120)
+    assert code is not None
+    expired = await pairing.approve(code, "cli", now=now)
+    assert not expired.ok and "expired" in expired.message
+    assert not await pairing.is_approved("telegram", "3001")
+    for _ in range(4):
+        assert not (await pairing.approve("ZZZZZZZZ", "cli", now=now)).ok
+    fresh = await PairingStore(h.gateway.store, ttl=7200).issue("telegram", "3002", "bo", "3002", now=now)
+    assert fresh is not None
+    locked = await pairing.approve(fresh, "cli", now=now)
+    assert not locked.ok and "locked" in locked.message
+    assert (await pairing.approve(fresh, "cli", now=now + 3601)).ok
+    assert await pairing.is_approved("telegram", "3002")
+    assert await pairing.revoke("telegram", "3002") and not await pairing.is_approved("telegram", "3002")
+
+
+async def test_cli_pairing_list_and_approve(make_gateway, tmp_path: Path) -> None:
+    h = await make_gateway(PAIRING)
+    await h.chat.user_says("hi", user_id="2001", chat_id="2001")
+    await _settle(h, 1)
+    (code,) = _codes(h)
+    config = tmp_path / "cli.yaml"
+    config.write_text(yaml.safe_dump({"store": {"url": f"sqlite:///{tmp_path}/state.db"}}))
+    env = {**os.environ, "HERMES_GATEWAY_HOME": str(tmp_path)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", "pairing", *args, "--config", str(config)],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    listed = await asyncio.to_thread(cli, "list")
+    assert f"{code[:4]}-{code[4:]}  telegram:2001" in listed.stdout
+    approved = await asyncio.to_thread(cli, "approve", code)
+    assert approved.returncode == 0, approved.stderr
+    # the running gateway delivers the approval notice the CLI queued
+    await h.chat.wait_for(lambda: any(s.text.startswith("You're approved") for s in h.chat.sent))
+    assert (await asyncio.to_thread(cli, "approve", code)).returncode == 1
+
+
+async def test_inbound_rate_limit_with_one_polite_notice(make_gateway) -> None:
+    h = await make_gateway({"limits": {"user_messages_per_minute": 1, "user_burst": 2}})
+    results = [await h.chat.user_says(f"msg {i}") for i in range(5)]
+    assert [r is not None for r in results] == [True, True, False, False, False]
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 3)
+    await asyncio.sleep(0.2)
+    notices = [s.text for s in h.chat.sent if "faster than I can answer" in s.text]
+    assert len(notices) == 1 and len(h.chat.sent) == 3
+    assert len(h.model.requests) == 2
+    # another user is not affected
+    assert await h.chat.user_says("hi", user_id="1002", chat_id="200") is not None
+
+
+async def test_run_tool_call_budget_ends_the_run_with_a_clear_message(make_gateway) -> None:
+    h = await make_gateway({"limits": {"run_max_tool_calls": 2}},
+                           responder=lambda req: tool_call("todo", {"action": "list"}))
+    await h.chat.user_says("loop forever")
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 1)
+    assert h.chat.sent[0].text == "I stopped: this request needed more than 2 tool calls."
+    run = (await h.gateway.store.list_runs())[0]
+    assert run.status == "completed" and len(run.tool_calls) == 2
+
+
+async def test_user_hourly_budget_refuses_new_runs(make_gateway) -> None:
+    h = await make_gateway({"limits": {"user_max_model_calls_per_hour": 2}},
+                           responder=rules((r"tool", tool_call("todo", {"action": "list"}))))
+    await h.chat.user_says("use a tool")  # two model calls: tool turn + answer
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 1)
+    await h.chat.user_says("and again")
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 2)
+    assert "this hour's limit of model calls" in h.chat.sent[1].text
+    assert len(h.model.requests) == 2
+    await h.chat.user_says("other user", user_id="1002", chat_id="200")
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 3)
+    assert h.chat.sent[2].text == "Echo: other user"

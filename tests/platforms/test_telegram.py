@@ -1,0 +1,638 @@
+"""The Telegram adapter end to end: the real gateway and python-telegram-bot against the Bot API simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.app import Gateway
+from gateway.config import ConfigError, parse_config
+from gateway.sim.model_server import ScriptedModel, rules, text, tool_call
+from gateway.sim.telegram_api import (
+    DEFAULT_GROUP_ID,
+    DEFAULT_SUPERGROUP_ID,
+    DEFAULT_USER_ID,
+    TelegramSimulator,
+    parse_entities,
+)
+from platforms.base import Accepted, MessageEvent, utf16_len
+from platforms.telegram import AttachmentTooLarge, TelegramAdapter, TelegramSettings
+from platforms.telegram_format import markdown_to_html
+from platforms.webhook_signatures import sign
+
+ALICE = DEFAULT_USER_ID
+BOB = 1002
+API_TOKEN = "telegram-test-api-token"
+HOOK_SECRET = "telegram_hook-secret-0123456789"
+ROUTE_SECRET = "route-secret-0123456789abcdef"
+
+
+def _config_data(home: Path, model_url: str, sim: TelegramSimulator, telegram: Mapping[str, Any],
+                 sections: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "model": {"base_url": model_url, "api_key": "test-key", "name": "scripted-model", "max_retries": 0,
+                  "stream": False},
+        "http": {"port": 0, "api_token": API_TOKEN},
+        "store": {"url": f"sqlite:///{home}/state.db"},
+        "gateway": {"workspace": str(home / "workspace"), "stream_edit_interval": 0.05, "drain_timeout": 1},
+        "auth": {"platforms": {"telegram": {"allowed_users": [str(ALICE), str(BOB)]}}},
+        "platforms": {"telegram": {"enabled": True, "token": sim.token, "base_url": sim.base_url,
+                                   "base_file_url": sim.base_file_url, **telegram}},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return data
+
+
+@dataclass
+class World:
+    """The simulators, and gateways started against them (all stopped at teardown)."""
+
+    sim: TelegramSimulator
+    model: ScriptedModel
+    home: Path
+    http: aiohttp.ClientSession
+    gateways: list[Gateway] = field(default_factory=list)
+
+    async def start(self, telegram: Mapping[str, Any] | None = None, **sections: Mapping[str, Any]) -> Gateway:
+        """A real Gateway whose Telegram platform is the real adapter pointed at the simulator."""
+        data = _config_data(self.home, self.model.base_url or "", self.sim, telegram or {}, sections)
+        gateway = Gateway(parse_config(data, env={"HERMES_GATEWAY_HOME": str(self.home)}))
+        self.gateways.append(gateway)
+        await gateway.start()
+        return gateway
+
+    async def readyz(self, gateway: Gateway) -> dict[str, Any]:
+        async with self.http.get(f"http://127.0.0.1:{gateway.port}/readyz") as r:
+            return await r.json()
+
+    async def post_update(self, gateway: Gateway, update: Any, secret: str | None) -> int:
+        headers = {"X-Telegram-Bot-Api-Secret-Token": secret} if secret is not None else {}
+        async with self.http.post(f"http://127.0.0.1:{gateway.port}/telegram/webhook", json=update,
+                                  headers=headers) as r:
+            return r.status
+
+    async def wait_run(self, gateway: Gateway, run_id: str) -> dict[str, Any]:
+        async def poll() -> dict[str, Any]:
+            while True:
+                async with self.http.get(f"http://127.0.0.1:{gateway.port}/runs/{run_id}",
+                                         headers={"Authorization": f"Bearer {API_TOKEN}"}) as r:
+                    run = await r.json()
+                if run["status"] in ("completed", "failed"):
+                    return run
+                await asyncio.sleep(0.02)
+        return await asyncio.wait_for(poll(), 10)
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    async with TelegramSimulator() as sim, ScriptedModel() as model, aiohttp.ClientSession() as http:
+        w = World(sim, model, tmp_path, http)
+        yield w
+        for gateway in w.gateways:
+            await gateway.stop(drain_timeout=1)
+
+
+def _bot_texts(sim: TelegramSimulator, chat_id: int) -> list[str]:
+    """What the user sees from the bot in a chat, oldest first (edits applied)."""
+    return [m["text"] for m in sim.chat_history(chat_id) if m["from"]["id"] == sim.bot_id and "text" in m]
+
+
+async def _quiet(seconds: float = 0.3) -> None:
+    """Give a wrong extra reply the time to show up before asserting there is none."""
+    await asyncio.sleep(seconds)
+
+
+# --- direct messages -------------------------------------------------------------------------------
+
+ANSWER = "Your plan has 1 item: <buy milk> & call Bob. " * 5
+
+
+async def test_dm_round_trip_with_tool_call_typing_and_streamed_edits(world: World) -> None:
+    world.model.responder = rules((r"plan my day", tool_call("memory", {"action": "add", "text": "buy milk"})),
+                                  fallback=lambda request: text(ANSWER))
+    world.model.chunk_size, world.model.chunk_delay = 8, 0.01
+    await world.start(model={"stream": True})
+    asked = world.sim.user_sends("please plan my day")
+
+    await world.sim.wait_for(lambda: _bot_texts(world.sim, ALICE) == [ANSWER], timeout=10)
+    # The memory tool ran and the model saw its result before answering.
+    tool_messages = [m for m in world.model.requests[1]["messages"] if m["role"] == "tool"]
+    assert "buy milk" in tool_messages[0]["content"]
+    # One message: a streamed preview, edited as the text arrived, then edited into the answer.
+    [preview] = world.sim.sent_messages(ALICE)
+    edits = world.sim.edits(ALICE)
+    assert len(edits) >= 2 and any(e.text.endswith("▍") for e in edits[:-1])
+    assert edits[-1].text == ANSWER and edits[-1].parse_mode == "HTML"
+    assert preview.params["reply_parameters"] == {"message_id": asked["message"]["message_id"],
+                                                  "allow_sending_without_reply": True}
+    assert preview.params["link_preview_options"] == {"is_disabled": True}
+    assert [c.params["action"] for c in world.sim.chat_actions(ALICE)][:1] == ["typing"]
+
+
+async def test_unauthorized_user_gets_nothing_and_the_update_is_still_confirmed(world: World) -> None:
+    gateway = await world.start()
+    world.sim.user_sends("let me in", user_id=6666)
+    await world.sim.wait_for(lambda: not world.sim.pending_updates)
+    assert world.model.requests == [] and world.sim.sent_messages() == []
+    assert gateway.store is not None and await gateway.store.count_inbox() == 0
+
+
+# --- groups and topics -----------------------------------------------------------------------------
+
+async def test_group_answers_mentions_replies_and_commands_only(world: World) -> None:
+    gateway = await world.start()
+    group = {"chat_type": "group"}
+    world.sim.user_sends("just chatting among humans", **group)
+    world.sim.user_sends("@hermes_bot, what is up?", **group)
+    await world.sim.wait_for_messages(1, DEFAULT_GROUP_ID)
+    assert [r["messages"][-1]["content"] for r in world.model.requests] == ["what is up?"]
+    assert gateway.store is not None and await gateway.store.count_inbox() == 1
+
+    bot_message = world.sim.sent_messages(DEFAULT_GROUP_ID)[0].message_id
+    world.sim.user_sends("and tomorrow?", reply_to_bot_message_id=bot_message, **group)
+    await world.sim.wait_for_messages(2, DEFAULT_GROUP_ID)
+    world.sim.user_sends("/status@other_bot", **group)
+    world.sim.user_sends("/status@hermes_bot", **group)
+    world.sim.user_sends("/frobnicate the widgets", **group)
+    sent = await world.sim.wait_for_messages(4, DEFAULT_GROUP_ID)
+    await _quiet()
+    assert [s.text.splitlines()[0] for s in world.sim.sent_messages(DEFAULT_GROUP_ID)] == [
+        "Echo: what is up?", "Echo: and tomorrow?", "Model: scripted-model", "Echo: /frobnicate the widgets"]
+    assert sent[2].params["reply_parameters"]["message_id"] == world.sim.updates[4]["message"]["message_id"]
+
+
+async def test_group_trigger_always_answers_every_message(world: World) -> None:
+    await world.start({"group_trigger": "always"})
+    world.sim.user_sends("no mention at all", chat_type="group")
+    [reply] = await world.sim.wait_for_messages(1, DEFAULT_GROUP_ID)
+    assert reply.text == "Echo: no mention at all"
+
+
+async def test_forum_topics_keep_separate_sessions(world: World) -> None:
+    await world.start()
+    topic = {"chat_type": "supergroup"}
+    world.sim.user_sends("@hermes_bot remember apples", message_thread_id=7, **topic)
+    world.sim.user_sends("@hermes_bot remember pears", message_thread_id=9, **topic)
+    await world.sim.wait_for_messages(2, DEFAULT_SUPERGROUP_ID)
+    world.sim.user_sends("@hermes_bot what did I say?", message_thread_id=7, **topic)
+    sent = await world.sim.wait_for_messages(3, DEFAULT_SUPERGROUP_ID)
+
+    history = json.dumps(world.model.requests[-1]["messages"])
+    assert "remember apples" in history and "pears" not in history
+    assert [s.message_thread_id for s in sent] == [7, 9, 7]
+    assert {c.params.get("message_thread_id") for c in world.sim.chat_actions(DEFAULT_SUPERGROUP_ID)} <= {7, 9}
+
+
+# --- outbound --------------------------------------------------------------------------------------
+
+async def test_long_answer_arrives_as_ordered_parts_within_the_limit(world: World) -> None:
+    answer = "".join(f"Line {i:04d} 😀 fish & chips <3\n" for i in range(400))[:10_000]
+    world.model.responder = rules((r"long", text(answer)))
+    await world.start()
+    world.sim.user_sends("a long one please")
+
+    await world.sim.wait_for(lambda: "".join(_bot_texts(world.sim, ALICE)) == answer, timeout=10)
+    sent = world.sim.sent_messages(ALICE)
+    assert len(sent) == 3 and [s.message_id for s in sent] == sorted(s.message_id for s in sent)
+    assert all(utf16_len(s.text or "") <= 4096 for s in sent)
+    # Markup does not count towards the limit: the HTML sent is longer than what it shows.
+    assert any(len(s.raw_text or "") > 4096 for s in sent)
+
+
+async def test_flood_control_and_server_errors_are_retried_without_duplicates(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    await world.start()
+    world.sim.fail_next("sendMessage", error_code=429, retry_after=2)
+    world.sim.user_sends("first")
+    await world.sim.wait_for_messages(1, ALICE, timeout=10)
+    failed, ok = world.sim.calls_of("sendMessage")
+    assert failed.status == 429 and ok.status == 200 and ok.t - failed.t >= 1.95
+
+    world.sim.fail_next("sendMessage", error_code=502)
+    world.sim.user_sends("second")
+    await world.sim.wait_for_messages(2, ALICE, timeout=10)
+    await _quiet()
+    assert [s.text for s in world.sim.sent_messages(ALICE)] == ["Echo: first", "Echo: second"]
+    assert [c.status for c in world.sim.calls_of("sendMessage")] == [429, 200, 502, 200]
+    # Handled flood control is not reported as an error (PTB's rate limiter would log one, with a traceback).
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_rejected_formatting_is_resent_as_plain_text(world: World) -> None:
+    answer = "**Done**: see `x`"
+    world.model.responder = rules((r"format", text(answer)))
+    await world.start()
+    world.sim.fail_next("sendMessage", error_code=400,
+                        description='Bad Request: can\'t parse entities: Unsupported start tag "x" at byte offset 0')
+    world.sim.user_sends("format it")
+    [sent] = await world.sim.wait_for_messages(1, ALICE)
+    assert (sent.parse_mode, sent.raw_text, sent.text) == (None, answer, answer)
+    assert [c.params.get("parse_mode") for c in world.sim.calls_of("sendMessage")] == ["HTML", None]
+
+
+async def test_markdown_mode_that_telegram_cannot_parse_falls_back_to_plain(world: World) -> None:
+    world.model.responder = rules((r"file", text("open report_final.txt *now*")))
+    await world.start({"parse_mode": "markdown"})
+    world.sim.user_sends("which file?")
+    [sent] = await world.sim.wait_for_messages(1, ALICE)
+    assert sent.text == "open report_final.txt *now*" and sent.parse_mode is None
+    first = world.sim.calls_of("sendMessage")[0]
+    assert first.params["parse_mode"] == "Markdown" and "can't parse entities" in first.response["description"]
+
+
+# --- crash safety (hermes-gateway run, killed with SIGKILL) ----------------------------------------
+
+@dataclass
+class _Process:
+    proc: asyncio.subprocess.Process
+    port: int
+
+    async def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    async def wait_metric(self, http: aiohttp.ClientSession, line: str) -> None:
+        async def poll() -> None:
+            while True:
+                async with http.get(f"http://127.0.0.1:{self.port}/metrics") as r:
+                    if line in (await r.text()).splitlines():
+                        return
+                await asyncio.sleep(0.05)
+        await asyncio.wait_for(poll(), 10)
+
+
+@pytest.fixture
+async def spawn(world: World) -> AsyncIterator[Any]:
+    """Start ``hermes-gateway run`` on a config pointing at the simulators; all are killed at teardown."""
+    config = world.home / "config.yaml"
+    data = _config_data(world.home, world.model.base_url or "", world.sim, {}, {})
+    config.write_text(yaml.safe_dump(data))
+    procs: list[_Process] = []
+
+    async def start() -> _Process:
+        log = world.home / f"gateway-{len(procs)}.log"
+        with log.open("wb") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gateway", "run", "--config", str(config), stdout=asyncio.subprocess.PIPE,
+                stderr=stderr, env={**os.environ, "HERMES_GATEWAY_HOME": str(world.home)})
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        match = re.search(rb"listening on http://[\d.]+:(\d+)", line)
+        assert match, log.read_text()
+        procs.append(p := _Process(proc, int(match.group(1))))
+        return p
+
+    yield start
+    for p in procs:
+        if p.proc.returncode is None:
+            await p.kill()
+
+
+def _returned(sim: TelegramSimulator, update_id: int) -> bool:
+    """Whether a getUpdates answer carried the update to the gateway."""
+    return any(c.outcome == "ok" and any(u["update_id"] == update_id for u in (c.response or {}).get("result", []))
+               for c in sim.calls_of("getUpdates"))
+
+
+async def test_kill_9_while_an_update_is_being_stored_redelivers_it(world: World, spawn: Any) -> None:
+    first = await spawn()
+    await world.sim.wait_for_call("getUpdates")
+    lock = sqlite3.connect(world.home / "state.db", timeout=5, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # the gateway's inbox write now waits for this lock
+    update_id = world.sim.user_sends("in flight")["update_id"]
+    await world.sim.wait_for(lambda: _returned(world.sim, update_id))
+    await first.kill()
+    lock.execute("ROLLBACK")
+    lock.close()
+    assert [u["update_id"] for u in world.sim.pending_updates] == [update_id]
+
+    await spawn()
+    await world.sim.wait_for_messages(1, ALICE, timeout=15)
+    await world.sim.wait_for(lambda: not world.sim.pending_updates)
+    await _quiet()
+    assert [s.text for s in world.sim.sent_messages(ALICE)] == ["Echo: in flight"]
+    assert [r["messages"][-1]["content"] for r in world.model.requests] == ["in flight"]
+
+
+async def test_kill_9_after_storing_before_confirming_answers_once(world: World, spawn: Any) -> None:
+    first = await spawn()
+    await world.sim.wait_for_call("getUpdates")
+    world.sim.slow_next("getUpdates", 60)  # the poll that would confirm the update hangs before confirming
+    update_id = world.sim.user_sends("answer me once")["update_id"]
+    # Answered, and the answer recorded as delivered (a kill before that would rightly resend it).
+    await first.wait_metric(world.http, 'hermes_deliveries_total{outcome="sent",platform="telegram"} 1.0')
+    held = await world.sim.wait_for_call("getUpdates", 2)
+    assert held.params["offset"] == update_id + 1 and held.outcome == "pending"
+    await first.kill()
+    assert [u["update_id"] for u in world.sim.pending_updates] == [update_id]
+
+    await spawn()
+    await world.sim.wait_for(lambda: not world.sim.pending_updates, timeout=15)
+    await _quiet()
+    assert _returned(world.sim, update_id) and len(world.sim.calls_of("getMe")) == 2
+    assert [s.text for s in world.sim.sent_messages(ALICE)] == ["Echo: answer me once"]
+    assert len(world.model.requests) == 1
+
+
+# --- polling resilience ----------------------------------------------------------------------------
+
+async def test_poll_errors_back_off_and_disconnect_is_fast(world: World) -> None:
+    world.sim.fail_next("getUpdates", 2, error_code=502)
+    world.sim.fail_next("getUpdates", error_code=429, retry_after=1)
+    gateway = await world.start({"poll_timeout": 30})
+    assert (await world.readyz(gateway))["platforms"]["telegram"]["state"] == "connecting"
+    world.sim.user_sends("still there?")
+    await world.sim.wait_for_messages(1, ALICE, timeout=10)
+    polls = world.sim.calls_of("getUpdates")
+    gaps = [later.t - earlier.t for earlier, later in itertools.pairwise(polls)][:3]
+    assert [c.status for c in polls[:4]] == [502, 502, 429, 200]
+    assert gaps[0] >= 0.45 and gaps[1] >= 0.95 and gaps[2] >= 0.95  # 0.5 s, 1 s, then retry_after
+
+    await world.sim.wait_for(lambda: world.sim.calls_of("getUpdates")[-1].outcome == "pending")
+    started = time.monotonic()
+    await gateway.stop(drain_timeout=0)
+    world.gateways.remove(gateway)
+    assert time.monotonic() - started < 2
+    last = world.sim.calls_of("getUpdates")[-1]
+    assert last.params["timeout"] == 0 and last.params["offset"] == world.sim.updates[-1]["update_id"] + 1
+
+
+async def test_unreachable_bot_api_at_startup_is_retried_in_the_background(world: World) -> None:
+    world.sim.fail_next("getMe", error_code=502)
+    gateway = await world.start()
+    assert (await world.readyz(gateway))["platforms"]["telegram"]["state"] == "connecting"
+    world.sim.user_sends("hello after a hiccup")
+    [reply] = await world.sim.wait_for_messages(1, ALICE, timeout=10)
+    assert reply.text == "Echo: hello after a hiccup"
+    assert (await world.readyz(gateway))["platforms"]["telegram"]["state"] == "connected"
+
+
+async def test_edited_messages_are_ignored_by_default_and_handled_when_configured(world: World) -> None:
+    await world.start()
+    world.sim.user_sends("tpyo")
+    await world.sim.wait_for_messages(1, ALICE)
+    world.sim.user_edits(1, "typo fixed")
+    world.sim.user_sends("next")
+    await world.sim.wait_for_messages(2, ALICE)
+    assert [s.text for s in world.sim.sent_messages(ALICE)] == ["Echo: tpyo", "Echo: next"]
+
+    await world.gateways.pop().stop(drain_timeout=1)
+    await world.start({"edited_messages": "handle"})
+    world.sim.user_edits(1, "typo fixed again")
+    await world.sim.wait_for_messages(3, ALICE)
+    assert world.sim.sent_messages(ALICE)[-1].text == "Echo: typo fixed again"
+
+
+# --- webhook mode ----------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_webhook_mode_checks_the_secret_and_processes_each_update_once(world: World) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/telegram/webhook"
+    gateway = await world.start({"mode": "webhook", "webhook_url": url, "webhook_secret": HOOK_SECRET},
+                                http={"port": port})
+    assert gateway.store is not None
+    [set_hook] = world.sim.calls_of("setWebhook")
+    assert (set_hook.params["url"], set_hook.params["secret_token"]) == (url, HOOK_SECRET)
+    assert world.sim.calls_of("getUpdates") == []
+
+    forged = {"update_id": 555, "message": {"message_id": 1, "date": 0, "chat": {"id": ALICE, "type": "private"},
+                                            "from": {"id": ALICE, "is_bot": False, "first_name": "A"},
+                                            "text": "forged"}}
+    assert await world.post_update(gateway, forged, None) == 403
+    assert await world.post_update(gateway, forged, "wrong-secret") == 403
+    assert await gateway.store.count_inbox() == 0
+
+    update = world.sim.user_sends("hello over the webhook")  # the simulator posts it, with the secret
+    await world.sim.wait_for_messages(1, ALICE)
+    assert [d.status for d in world.sim.deliveries] == [200]
+    assert await world.post_update(gateway, update, HOOK_SECRET) == 200  # Telegram retrying a delivery
+    assert await world.post_update(gateway, update, HOOK_SECRET) == 200
+    await _quiet()
+    assert await gateway.store.count_inbox() == 1
+    assert [s.text for s in world.sim.sent_messages(ALICE)] == ["Echo: hello over the webhook"]
+    assert await world.post_update(gateway, ["not", "an", "update"], HOOK_SECRET) == 400
+
+
+async def test_rejected_token_fails_clearly_and_webhooks_keep_working(world: World,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    message = "telegram: the bot token was rejected (getMe returned 401); check platforms.telegram.token"
+    caplog.set_level(logging.ERROR)
+    route = {"github": {"secret": ROUTE_SECRET, "scheme": "github", "prompt": "Push: {payload.ref}"}}
+    gateway = await world.start({"token": "999:revoked-token"}, platforms={"webhook": {"routes": route}})
+    assert any(message in r.getMessage() for r in caplog.records)
+    ready = await world.readyz(gateway)
+    assert ready["ready"] is False
+    assert ready["platforms"]["telegram"] == {"platform": "telegram", "state": "failed", "last_error": message}
+
+    body = json.dumps({"ref": "refs/heads/main"}).encode()
+    headers = {"Content-Type": "application/json", "X-GitHub-Event": "push",
+               **sign("github", ROUTE_SECRET, body, delivery_id="d-1")}
+    async with world.http.post(f"http://127.0.0.1:{gateway.port}/webhooks/github", data=body,
+                               headers=headers) as r:
+        assert r.status == 202
+        run_id = (await r.json())["run_id"]
+    assert (await world.wait_run(gateway, run_id))["status"] == "completed"
+
+
+# --- the adapter on its own (real PTB, real simulator, events collected from on_message) ------------
+
+@pytest.fixture
+async def adapter(world: World) -> AsyncIterator[tuple[TelegramAdapter, list[MessageEvent]]]:
+    events: list[MessageEvent] = []
+
+    async def on_message(event: MessageEvent) -> Accepted:
+        events.append(event)
+        return Accepted(None, False)
+
+    a = TelegramAdapter(_settings(world.sim, max_attachment_bytes=64))
+    await a.connect(on_message)
+    yield a, events
+    await a.disconnect()
+
+
+async def test_events_carry_ids_mentions_threads_and_attachments(world: World, adapter: Any) -> None:
+    bot, events = adapter
+    sim = world.sim
+    sim.user_sends_photo(caption="look @hermes_bot")
+    sim.user_sends_document(b"report body", file_name="report.txt", chat_type="group", caption="@hermes_bot read")
+    sim.user_sends_voice(b"OggS voice", duration=2)
+    mention = [{"type": "text_mention", "offset": 0, "length": 5, "user": sim.bot_user}]
+    sim.user_sends("Hermy, in the topic please", entities=mention, chat_type="supergroup", message_thread_id=3)
+    await sim.wait_for(lambda: len(events) == 4)
+    photo, doc, voice, topic = events
+
+    assert (photo.event_id, photo.chat_type, photo.text, photo.mentions_bot) == ("10001", "dm", "look @hermes_bot",
+                                                                                  True)
+    assert (photo.attachments[0].kind, photo.attachments[0].url) == ("photo", None)
+    assert (doc.chat_type, doc.text, doc.user_name) == ("group", "read", "alice")
+    assert [(a.kind, a.name, a.mime_type, a.size) for a in doc.attachments] == [
+        ("document", "report.txt", "text/plain", 11)]
+    assert [(a.kind, a.mime_type, a.size) for a in voice.attachments] == [("voice", "audio/ogg", 10)]
+    assert (topic.thread_id, topic.mentions_bot, topic.message_id) == ("3", True, "1")
+    assert await bot.download(doc.attachments[0].file_id) == b"report body"
+    assert await bot.download(voice.attachments[0].file_id) == b"OggS voice"
+    too_big = sim.add_file(b"x" * 65, "big.bin")
+    with pytest.raises(AttachmentTooLarge):
+        await bot.download(too_big)
+    assert len(sim.downloads) == 2
+
+
+async def test_send_results_map_telegram_errors_for_the_outbox(world: World, adapter: Any) -> None:
+    bot, _ = adapter
+    sim = world.sim
+    sim.user_sends("hi")
+    sent = await bot.send(str(ALICE), "**hello**", metadata={"delivery_id": "x"})
+    assert sent.success and sim.sent_messages(ALICE)[-1].text == "hello"
+    assert (await bot.edit_message(str(ALICE), sent.message_id or "", "**hello**")).success  # not modified
+    sim.fail_next("sendMessage", error_code=429, retry_after=3)
+    flood = await bot.send(str(ALICE), "x")
+    assert (flood.success, flood.retryable, flood.retry_after) == (False, True, 3.0)
+    sim.fail_next("sendMessage", error_code=502)
+    assert (await bot.send(str(ALICE), "x")).retryable
+    missing = await bot.send("424242", "x")
+    assert (missing.retryable, missing.error) == (False, "Chat not found")
+    sim.user_blocks_bot(ALICE)
+    blocked = await bot.send(str(ALICE), "x")
+    assert (blocked.retryable, blocked.error) == (False, "Forbidden: bot was blocked by the user")
+    gone = await bot.edit_message(str(BOB), "1", "x")
+    assert not gone.success and not gone.retryable
+
+
+def _settings(sim: TelegramSimulator, **changes: Any) -> TelegramSettings:
+    return TelegramSettings(**{"token": sim.token, "base_url": sim.base_url, "base_file_url": sim.base_file_url,
+                               **changes})
+
+
+async def test_an_update_the_gateway_could_not_store_is_offered_again(world: World) -> None:
+    offered: list[str] = []
+
+    async def flaky_store(event: MessageEvent) -> Accepted:
+        offered.append(event.event_id)
+        if len(offered) == 1:
+            raise OSError("disk full")
+        return Accepted(None, False)
+
+    adapter = TelegramAdapter(_settings(world.sim))
+    await adapter.connect(flaky_store)
+    try:
+        update_id = world.sim.user_sends("keep me")["update_id"]
+        await world.sim.wait_for(lambda: not world.sim.pending_updates)
+        assert offered == [str(update_id), str(update_id)]
+    finally:
+        await adapter.disconnect()
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"token": "999:revoked"},
+     "telegram: the bot token was rejected (getMe returned 401); check platforms.telegram.token"),
+    ({"base_url_suffix": "/wrong/bot"},
+     "telegram: the Bot API answered 404 Not Found; check platforms.telegram.base_url (and platforms.telegram.token)"),
+])
+async def test_startup_errors_name_the_setting_to_fix(world: World, changes: dict[str, str], message: str) -> None:
+    if suffix := changes.pop("base_url_suffix", None):
+        changes["base_url"] = world.sim.url + suffix
+    adapter = TelegramAdapter(_settings(world.sim, **changes))
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        await adapter.connect(_never_called)
+    assert adapter.status() == {"platform": "telegram", "state": "failed", "last_error": message}
+    await adapter.disconnect()
+
+
+async def test_a_token_revoked_while_polling_stops_the_loop(world: World) -> None:
+    world.sim.fail_next("getUpdates", error_code=401, description="Unauthorized")
+    adapter = TelegramAdapter(_settings(world.sim))
+    await adapter.connect(_never_called)
+    await world.sim.wait_for(lambda: adapter.state.value == "failed")
+    polls = len(world.sim.calls_of("getUpdates"))
+    await _quiet()
+    assert len(world.sim.calls_of("getUpdates")) == polls
+    await adapter.disconnect()
+
+
+async def _never_called(event: MessageEvent) -> Accepted:
+    raise AssertionError(f"unexpected event {event}")
+
+
+# --- configuration -----------------------------------------------------------------------------------
+
+def test_config_requires_a_token_and_the_webhook_settings() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"platforms": {"telegram": {"enabled": True, "mode": "webhook",
+                                                 "webhook_secret": "has spaces"}}}, {})
+    assert [e.path for e in info.value.errors] == [
+        "platforms.telegram.token", "platforms.telegram.webhook_url", "platforms.telegram.webhook_secret"]
+    assert "has spaces" not in str(info.value)
+    cfg = parse_config({}, {}).platforms.telegram
+    assert (cfg.enabled, cfg.mode, cfg.parse_mode, cfg.group_trigger, cfg.poll_timeout) == (
+        False, "polling", "html", "mention", 30)
+
+
+# --- Markdown to Telegram HTML -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("markdown", "html"), [
+    ("plain text", "plain text"),
+    ("a < b && c > d", "a &lt; b &amp;&amp; c &gt; d"),
+    ("**bold**, __bold__, *it*, _it_, ~~gone~~", "<b>bold</b>, <b>bold</b>, <i>it</i>, <i>it</i>, <s>gone</s>"),
+    ("snake_case_name and 2 * 3 * 4", "snake_case_name and 2 * 3 * 4"),
+    ("* a list\n* of items", "* a list\n* of items"),
+    ("`x < y` and ``a ` b``", "<code>x &lt; y</code> and <code>a ` b</code>"),
+    ("**not `code**` here**", "<b>not <code>code**</code> here</b>"),
+    ("```python\nif a < b:\n    print('&')\n```\nafter", '<pre><code class="language-python">if a &lt; b:\n'
+                                                      "    print('&amp;')</code></pre>\nafter"),
+    ("before\n```\nno language\n```", "before\n<pre>no language</pre>"),
+    ("```sh\nnot closed yet <", '<pre><code class="language-sh">not closed yet &lt;</code></pre>'),
+    ("```js\nsplit mid-line```", '<pre><code class="language-js">split mid-line</code></pre>'),
+    ("[docs](https://x.org/a?b=1&c=\"2\")", '<a href="https://x.org/a?b=1&amp;c=&quot;2&quot;">docs</a>'),
+    ("[**bold _link_**](http://x.y)", '<a href="http://x.y"><b>bold <i>link</i></b></a>'),
+    ("[relative](docs/a.md) and [empty]()", "[relative](docs/a.md) and [empty]()"),
+    ("***both*** and **a *b** c*", "<b><i>both</i></b> and <b>a *b</b> c*"),
+    ("**unclosed bold and *unclosed italic", "**unclosed bold and *unclosed italic"),
+    (r"\*literal\* and \_too\_", "*literal* and _too_"),
+    ("****", "****"),
+])
+def test_markdown_to_html(markdown: str, html: str) -> None:
+    assert markdown_to_html(markdown) == html
+    parse_entities(html, "HTML")  # Telegram accepts it
+
+
+_PIECES = st.sampled_from([*"ab *_~`[]()\n\\<>&#\"'😀", "```", "```py\n", "](http://x.y)", "**", "https://a.b"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_PIECES, max_size=40).map("".join))
+def test_converted_text_is_always_accepted_and_never_longer(markdown: str) -> None:
+    visible, _ = parse_entities(markdown_to_html(markdown), "HTML")
+    assert utf16_len(visible) <= utf16_len(markdown)
+
+
+def test_conversion_of_hostile_input_stays_fast() -> None:
+    started = time.perf_counter()
+    for hostile in ("[" * 4096, "*a " * 1365, "_" * 4096, "`" * 4096, "[a](" * 1024, "**x " * 1024):
+        parse_entities(markdown_to_html(hostile), "HTML")
+    assert time.perf_counter() - started < 1.0
