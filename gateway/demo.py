@@ -1,12 +1,15 @@
 """``hermes-gateway demo``: the whole gateway, offline, on the embedded defaults.
 
-Starts the scripted model and a local "CI system" (a status page plus a callback
-receiver), runs the gateway against them, fires three signed GitHub webhooks (good,
-forged, duplicate) and prints what happened to each.
+Starts the scripted model, a local "CI system" (a status page plus a callback receiver)
+and simulators of Telegram, Slack and Discord; runs the gateway against them; fires three
+signed GitHub webhooks (good, forged, duplicate); has one conversation on each chat
+platform; and prints what happened.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import tempfile
@@ -19,7 +22,12 @@ from aiohttp import web
 from gateway.app import Gateway
 from gateway.config import parse_config
 from gateway.sim.callback_sink import CallbackSink
+from gateway.sim.discord_api import ALICE_ID, DiscordSimulator
 from gateway.sim.model_server import ScriptedModel, rules, tool_call
+from gateway.sim.slack_api import DEFAULT_USER as SLACK_USER
+from gateway.sim.slack_api import SlackSimulator
+from gateway.sim.telegram_api import DEFAULT_USER_ID as TELEGRAM_USER
+from gateway.sim.telegram_api import TelegramSimulator
 from platforms.webhook_signatures import sign
 
 STATUS_PAGE = ("<html><head><title>CI status</title></head><body><h1>Build #42</h1>"
@@ -59,26 +67,65 @@ def _show(title: str, status: int, body: Any) -> None:
     print(f"  {title:<28} -> HTTP {status} {json.dumps(body)}")
 
 
+def _chat_config(tg: TelegramSimulator, slack: SlackSimulator, discord: DiscordSimulator) -> dict[str, Any]:
+    return {
+        "platforms": {
+            "telegram": {"enabled": True, "token": tg.token, "base_url": tg.base_url,
+                         "base_file_url": tg.base_file_url, "poll_timeout": 2},
+            "slack": {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
+                      "api_base_url": slack.base_url},
+            "discord": {"enabled": True, "token": discord.token, "api_base_url": discord.api_base_url,
+                        "gateway_url": discord.gateway_url, "guild_ready_timeout": 0.05},
+        },
+        "auth": {"platforms": {"telegram": {"allowed_users": [str(TELEGRAM_USER)]},
+                               "slack": {"allowed_users": [SLACK_USER]},
+                               "discord": {"allowed_users": [str(ALICE_ID)]}}},
+    }
+
+
 async def run_demo() -> int:
     """Run the demo; returns the process exit code."""
     ci = _LocalCI()
-    await ci.start()
     secret = uuid.uuid4().hex
-    responder = rules((r"UNTRUSTED WEBHOOK PAYLOAD",
-                       tool_call("web_extract", {"urls": [f"{ci.base_url}/status"], "max_chars": 400})))
-    with tempfile.TemporaryDirectory(prefix="hermes-demo-") as home:
+    tg, slack, discord = TelegramSimulator(), SlackSimulator(), DiscordSimulator()
+    async with contextlib.AsyncExitStack() as stack:
+        home = stack.enter_context(tempfile.TemporaryDirectory(prefix="hermes-demo-"))
         os.environ.setdefault("HERMES_GATEWAY_HOME", home)
-        async with ScriptedModel(responder) as model:
-            cfg = parse_config(_demo_config(home, model.base_url, ci.base_url, secret))
-            gateway = Gateway(cfg)
-            await gateway.start()
-            try:
-                ok = await _fire(gateway.port or 0, secret, ci)
-            finally:
-                await gateway.stop(drain_timeout=5)
-                await ci.stop()
+        for server in (ci, tg, slack, discord):
+            await server.start()
+            stack.push_async_callback(server.stop)
+        responder = rules((r"UNTRUSTED WEBHOOK PAYLOAD",
+                           tool_call("web_extract", {"urls": [f"{ci.base_url}/status"], "max_chars": 400})))
+        model = await stack.enter_async_context(ScriptedModel(responder))
+        base = _demo_config(home, model.base_url, ci.base_url, secret)
+        chat = _chat_config(tg, slack, discord)
+        base["platforms"].update(chat["platforms"])
+        gateway = Gateway(parse_config({**base, "auth": chat["auth"]}))
+        await gateway.start()
+        try:
+            ok = await _fire(gateway.port or 0, secret, ci)
+            ok = await _chat(tg, slack, discord) and ok
+        finally:
+            await gateway.stop(drain_timeout=5)
     print("demo finished: " + ("OK" if ok else "FAILED"))
     return 0 if ok else 1
+
+
+async def _chat(tg: TelegramSimulator, slack: SlackSimulator, discord: DiscordSimulator) -> bool:
+    print("\nchat platforms (each through its real client library against a local simulator):")
+    tg.user_sends('remember that I like tea [[tool:memory {"action": "add", "text": "likes tea"}]]')
+    tg_reply = (await tg.wait_for_messages(1, TELEGRAM_USER, timeout=15))[-1].text
+    print(f"  telegram DM          -> {tg_reply[:100]!r}")
+    await slack.wait_for_sockets(1, timeout=15)
+    action = await slack.user_mentions_bot('plan the launch [[tool:todo {"action": "add", "items": ["ship it"]}]]')
+    (slack_reply,) = await slack.wait_for_messages(1, thread_ts=action.ts, timeout=15)
+    print(f"  slack mention        -> threaded reply {slack_reply.text[:90]!r}")
+    await asyncio.wait_for(discord.wait_for_ready(), 15)
+    discord.user_sends_dm("hello from Discord")
+    discord_reply = (await discord.wait_for_bot_messages(1, timeout=15))[-1]["content"]
+    print(f"  discord DM           -> {discord_reply[:100]!r}")
+    return (tg_reply.startswith("Done:") and slack_reply.text.startswith("Done:")
+            and discord_reply == "Echo: hello from Discord")
 
 
 async def _fire(port: int, secret: str, ci: _LocalCI) -> bool:
@@ -112,4 +159,4 @@ async def _fire(port: int, secret: str, ci: _LocalCI) -> bool:
     for msg in ci.received:
         print(f"  [{msg['webhook-id']}] {msg['text'][:160]}")
     return (run["status"] == "completed" and dup["run_id"] == first["run_id"] and len(ci.received) == 1
-            and bool(run["tool_calls"]))
+            and "All 118 tests passed" in run["tool_calls"][0]["result"])

@@ -228,3 +228,6 @@ def test_demo_runs_offline_and_exits_zero(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo finished: OK" in result.stdout
     assert "HTTP 401" in result.stdout and "HTTP 200" in result.stdout and "HTTP 202" in result.stdout
+    for line in ("telegram DM          -> 'Done:", "slack mention        -> threaded reply 'Done:",
+                 "discord DM           -> 'Echo: hello from Discord'"):
+        assert line in result.stdout
