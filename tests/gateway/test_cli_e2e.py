@@ -231,3 +231,21 @@ def test_demo_runs_offline_and_exits_zero(tmp_path: Path) -> None:
     for line in ("telegram DM          -> 'Done:", "slack mention        -> threaded reply 'Done:",
                  "discord DM           -> 'Echo: hello from Discord'"):
         assert line in result.stdout
+
+
+def test_tools_command_lists_toolsets_with_availability(tmp_path: Path) -> None:
+    env = {**os.environ, "HERMES_GATEWAY_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "gateway", "tools", "--toolset", "hermes-webhook"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("hermes-webhook  (1/2 available)")
+    assert "  + web_extract    available" in lines
+    assert "  - web_search     unavailable: not configured or not reachable" in lines
+    everything = subprocess.run([sys.executable, "-m", "gateway", "tools"], capture_output=True, text=True,
+                                timeout=60, env=env)
+    assert "debugging  (6/7 available)" in everything.stdout
+    assert "  + terminal       available" in everything.stdout
+    unknown = subprocess.run([sys.executable, "-m", "gateway", "tools", "--toolset", "nope"], capture_output=True,
+                             text=True, timeout=60, env=env)
+    assert unknown.returncode == 2 and "unknown toolset 'nope'" in unknown.stderr

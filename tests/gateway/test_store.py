@@ -6,7 +6,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -17,9 +16,9 @@ KEY = "telegram:dm:100"
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    """A store on a fresh SQLite file."""
-    s = await Store.open(f"sqlite:///{tmp_path}/state.db")
+async def store(store_url: str) -> AsyncIterator[Store]:
+    """A store on a fresh database: once on SQLite, once on PostgreSQL (the `store_url` fixture)."""
+    s = await Store.open(store_url)
     yield s
     await s.close()
 
@@ -163,8 +162,8 @@ async def test_enqueue_is_once_and_closes_the_inbox_event(store: Store) -> None:
     assert await store.outbox_depth() == 1
 
 
-async def test_schema_is_created_on_open_and_kept_on_reopen(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/nested/dir/state.db"
+async def test_schema_is_created_on_open_and_kept_on_reopen(store_url: str) -> None:
+    url = store_url.replace("/state.db", "/nested/dir/state.db")
     first = await Store.open(url)
     assert await first.ping()
     inbox_id, run_id = await _accept_run(first, "telegram:1")
@@ -184,6 +183,7 @@ async def test_schema_is_created_on_open_and_kept_on_reopen(tmp_path: Path) -> N
         await Store.open(url)
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_sqlite_runs_in_wal_mode(store: Store) -> None:
     async with store.engine.connect() as conn:
         assert (await conn.execute(sa.text("PRAGMA journal_mode"))).scalar_one() == "wal"
