@@ -113,7 +113,7 @@ async def _one_latency(latency: float, args: argparse.Namespace, tmp: Path) -> l
         connector = aiohttp.TCPConnector(limit=2000)
         try:
             async with aiohttp.ClientSession(connector=connector) as session:
-                open_rate: float | None = None
+                open_rate: float | None = args.open_rate
                 for target in args.targets:
                     assert model.base_url is not None
                     service = _service(target, tmp / f"{target}-{int(latency * 1000)}ms", model.base_url, sink.url,
@@ -125,7 +125,7 @@ async def _one_latency(latency: float, args: argparse.Namespace, tmp: Path) -> l
                         await service.stop()
                         model.requests.clear()
                         sink.reset()
-                    if target == "gateway" or open_rate is None:
+                    if args.open_rate is None and (target == "gateway" or open_rate is None):
                         open_rate = args.open_fraction * row["runs_per_s"]
                     rows.append({"model_latency_ms": latency * 1000, **row})
                     print(f"  {target:<13} model {latency * 1000:>4.0f} ms: {row['runs_per_s']:7.1f} runs/s, "
@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="closed-loop seconds per target")
     parser.add_argument("--open-duration", type=float, default=5.0, help="open-loop seconds per target (0: skip)")
     parser.add_argument("--open-fraction", type=float, default=0.5, help="open-loop rate as a share of max")
+    parser.add_argument("--open-rate", type=float, default=None,
+                        help="fixed open-loop rate per second instead (to compare builds at the same load)")
     parser.add_argument("--no-stream", dest="stream", action="store_false",
                         help="gateway with model.stream=false (default: the product default, true)")
     parser.add_argument("--profile", action="store_true", help="profile the gateway instead of benchmarking it")

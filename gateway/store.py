@@ -7,13 +7,10 @@ UTC unix seconds. Every method that changes state commits before it returns.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,50 +297,12 @@ def normalize_url(url: str) -> str:
     return url
 
 
-class _WriteGate:
-    """Admits one writer at a time, in arrival order, except that urgent writers go first."""
-
-    def __init__(self) -> None:
-        self._busy = False
-        self._queues: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
-
-    @contextlib.asynccontextmanager
-    async def turn(self, urgent: bool) -> AsyncIterator[None]:
-        """Hold the gate for the block."""
-        if self._busy:
-            waiter = asyncio.get_running_loop().create_future()
-            self._queues[0 if urgent else 1].append(waiter)
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():  # handed the gate while being cancelled
-                    self._release()
-                raise  # a cancelled waiter left in its queue is skipped by _release
-        self._busy = True
-        try:
-            yield
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        for queue in self._queues:
-            while queue:
-                waiter = queue.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)  # handed over: the gate stays busy
-                    return
-        self._busy = False
-
-
 class Store:
     """Async access to the gateway's database."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
-        # SQLite has one writer at a time: writers queue here instead of in SQLite's busy handler
-        # (which sleeps in 1-100 ms steps and fails with "database is locked" after the timeout).
-        self._gate = _WriteGate() if self.dialect == "sqlite" else None
 
     @classmethod
     async def open(cls, url: str) -> Store:
@@ -371,22 +330,12 @@ class Store:
             raise
         return store
 
-    @contextlib.asynccontextmanager
-    async def write(self, urgent: bool = False) -> AsyncIterator[AsyncConnection]:
-        """A write transaction: committed when the block ends, rolled back on error.
-
-        ``urgent`` writes (accepting an event, which the platform waits for) go before queued others.
-        """
-        gate = self._gate.turn(urgent) if self._gate is not None else contextlib.nullcontext()
-        async with gate, self.engine.begin() as conn:
-            yield conn
-
     async def close(self) -> None:
         """Dispose of the connection pool."""
         await self.engine.dispose()
 
     async def _migrate(self) -> None:
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             await conn.run_sync(metadata.create_all)
             row = (await conn.execute(sa.select(meta_t.c.value).where(meta_t.c.key == "schema_version"))).first()
             if row is None:
@@ -411,7 +360,7 @@ class Store:
         """Persist an event (and its run) once; a repeated dedupe key returns the first acceptance."""
         now = time.time()
         try:
-            async with self.write(urgent=True) as conn:
+            async with self.engine.begin() as conn:
                 result = await conn.execute(inbox_t.insert().values(
                     dedupe_key=dedupe_key, platform=platform, kind=kind, session_key=session_key,
                     payload=_dumps(payload), status="pending", run_id=run.id if run else None,
@@ -441,7 +390,7 @@ class Store:
 
     async def set_inbox_status(self, inbox_id: int, status: str) -> None:
         """Move an inbox event to ``status``."""
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             await conn.execute(inbox_t.update().where(inbox_t.c.id == inbox_id)
                                .values(status=status, updated_at=time.time()))
 
@@ -458,7 +407,7 @@ class Store:
     async def start_run(self, run_id: str, inbox_id: int | None) -> None:
         """Mark a run (and its inbox event) as running, counting the attempt."""
         now = time.time()
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             await conn.execute(runs_t.update().where(runs_t.c.id == run_id).values(
                 status="running", started_at=sa.func.coalesce(runs_t.c.started_at, now),
                 attempts=runs_t.c.attempts + 1))
@@ -473,7 +422,7 @@ class Store:
         resumed run can never deliver twice.
         """
         now = time.time()
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             updated = await conn.execute(
                 runs_t.update().where(runs_t.c.id == done.run_id,
                                       runs_t.c.status.not_in(("completed", "failed", "cancelled")))
@@ -516,13 +465,13 @@ class Store:
     async def session_epoch(self, key: str, platform: str, chat_id: str, user_id: str | None,
                             thread_id: str | None) -> int:
         """The session's current epoch, creating the session on first use."""
-        async with self.engine.connect() as conn:
+        async with self.engine.begin() as conn:
             row = (await conn.execute(sa.select(sessions_t.c.epoch).where(sessions_t.c.key == key))).first()
             if row is not None:
                 return int(row.epoch)
         now = time.time()
         try:
-            async with self.write() as conn:
+            async with self.engine.begin() as conn:
                 await conn.execute(sessions_t.insert().values(
                     key=key, platform=platform, chat_id=chat_id, user_id=user_id, thread_id=thread_id,
                     epoch=0, created_at=now, updated_at=now))
@@ -532,7 +481,7 @@ class Store:
 
     async def reset_session(self, key: str) -> int:
         """Start a fresh conversation (``/new``): bump the epoch; returns the new one."""
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             await conn.execute(sessions_t.update().where(sessions_t.c.key == key)
                                .values(epoch=sessions_t.c.epoch + 1, updated_at=time.time()))
             row = (await conn.execute(sa.select(sessions_t.c.epoch).where(sessions_t.c.key == key))).first()
@@ -573,7 +522,7 @@ class Store:
         """
         now = time.time()
         try:
-            async with self.write() as conn:
+            async with self.engine.begin() as conn:
                 await self._insert_outbox(conn, parts, now)
                 if inbox_id is not None:
                     await conn.execute(inbox_t.update().where(inbox_t.c.id == inbox_id)
@@ -593,20 +542,20 @@ class Store:
 
     async def mark_sent(self, outbox_id: int, platform_message_id: str | None) -> None:
         """Record a successful delivery."""
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             await conn.execute(outbox_t.update().where(outbox_t.c.id == outbox_id).values(
                 status="sent", platform_message_id=platform_message_id, sent_at=time.time(),
                 attempts=outbox_t.c.attempts + 1))
 
     async def mark_retry(self, outbox_id: int, next_attempt_at: float, error: str) -> None:
         """Record a transient failure and when to try again."""
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             await conn.execute(outbox_t.update().where(outbox_t.c.id == outbox_id).values(
                 next_attempt_at=next_attempt_at, last_error=error[:2000], attempts=outbox_t.c.attempts + 1))
 
     async def mark_failed(self, outbox_id: int, error: str) -> None:
         """Give up on a delivery."""
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             await conn.execute(outbox_t.update().where(outbox_t.c.id == outbox_id).values(
                 status="failed", last_error=error[:2000], attempts=outbox_t.c.attempts + 1))
 
@@ -643,12 +592,11 @@ class ToolStateStore:
 
     def __init__(self, store: Store) -> None:
         self.engine = store.engine
-        self.write = store.write
 
     async def add_note(self, user_key: str, text: str) -> tuple[int, float]:
         """Store a note; returns (id, created_at)."""
         now = time.time()
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             result = await conn.execute(memory_t.insert().values(user_key=user_key, text=text, created_at=now))
         return int(result.inserted_primary_key[0]), now
 
@@ -661,7 +609,7 @@ class ToolStateStore:
 
     async def remove_note(self, user_key: str, note_id: int) -> bool:
         """Delete one of the user's notes."""
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             result = await conn.execute(memory_t.delete().where(memory_t.c.user_key == user_key,
                                                                 memory_t.c.id == note_id))
         return bool(result.rowcount)
@@ -676,7 +624,7 @@ class ToolStateStore:
     async def save_todos(self, session_key: str, items: list[dict[str, str]]) -> None:
         """Replace the session's todo items."""
         now = time.time()
-        async with self.write() as conn:
+        async with self.engine.begin() as conn:
             updated = await conn.execute(todos_t.update().where(todos_t.c.session_key == session_key)
                                          .values(items=_dumps(items), updated_at=now))
             if updated.rowcount == 0:
