@@ -314,9 +314,6 @@ class Store:
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             kwargs["connect_args"] = {"timeout": 10}
-            # Each connection is a driver thread: keep enough pooled that bursts of readers reuse
-            # them rather than open and close overflow connections (writers take one at a time).
-            kwargs.update(pool_size=8, max_overflow=16)
         else:
             kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=True)
         engine = create_async_engine(url, **kwargs)
