@@ -355,9 +355,9 @@ class CronService:
         text = (f"Scheduled job {job.id} ({job.name or job.prompt[:60]}) is paused: its last "
                 f"{job.consecutive_failures} runs failed. Last error: {reason[:300]}\n"
                 f"Resume it with /cron resume {job.id} once the problem is fixed.")
-        await self.store.enqueue([OutboxPart(f"cron:paused:{job.id}:{run_id}", job.origin_platform,
-                                             job.origin_chat_id, text, job.origin_thread_id)])
-        self.outbox.wake()
+        stored = await self.store.enqueue([OutboxPart(f"cron:paused:{job.id}:{run_id}", job.origin_platform,
+                                                      job.origin_chat_id, text, job.origin_thread_id)])
+        self.outbox.submit(stored or [])
         logger.warning("cron job %s paused after %d consecutive failures", job.id, job.consecutive_failures)
 
     # -- the tool's and the commands' operations --------------------------

@@ -100,7 +100,7 @@ class CronStore:
     """Async access to cron jobs on the gateway's database."""
 
     def __init__(self, store: Store) -> None:
-        self.engine = store.engine
+        self.db = store.db
 
     @staticmethod
     def _select(job_id: str, actor: str | None) -> Any:
@@ -109,18 +109,17 @@ class CronStore:
 
     async def _update(self, where: Any, **values: Any) -> CronJob | None:
         values["updated_at"] = datetime.now(UTC).timestamp()
-        async with self.engine.begin() as conn:
-            row = (await conn.execute(cron_jobs_t.update().where(where).values(**values)
-                                      .returning(*cron_jobs_t.c))).first()
+        update = cron_jobs_t.update().where(where).values(**values).returning(*cron_jobs_t.c)
+        row = await self.db.write(lambda conn: conn.execute(update).first())
         return _job(row) if row is not None else None
 
     async def create(self, job: CronJob) -> CronJob:
         """Insert ``job`` under a new random id; returns the stored job."""
         while True:
             job.id = secrets.token_hex(4)
+            insert = cron_jobs_t.insert().values(**_row_values(job))
             try:
-                async with self.engine.begin() as conn:
-                    await conn.execute(cron_jobs_t.insert().values(**_row_values(job)))
+                await self.db.write(lambda conn, insert=insert: conn.execute(insert))
                 return job
             except IntegrityError:  # an id collision: draw again
                 continue
@@ -129,13 +128,13 @@ class CronStore:
         """Insert jobs that already have ids, in one transaction (imports and benchmarks)."""
         if not jobs:
             return
-        async with self.engine.begin() as conn:
-            await conn.execute(cron_jobs_t.insert(), [_row_values(j) for j in jobs])
+        rows = [_row_values(j) for j in jobs]
+        await self.db.write(lambda conn: conn.execute(cron_jobs_t.insert(), rows))
 
     async def get(self, job_id: str, actor: str | None = None) -> CronJob | None:
         """One job, or None."""
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(sa.select(cron_jobs_t).where(self._select(job_id, actor)))).first()
+        query = sa.select(cron_jobs_t).where(self._select(job_id, actor))
+        row = await self.db.read(lambda conn: conn.execute(query).first())
         return _job(row) if row is not None else None
 
     async def list(self, actor: str | None = None) -> list[CronJob]:
@@ -143,20 +142,17 @@ class CronStore:
         query = sa.select(cron_jobs_t).order_by(cron_jobs_t.c.created_at, cron_jobs_t.c.id)
         if actor is not None:
             query = query.where(cron_jobs_t.c.owner == actor)
-        async with self.engine.connect() as conn:
-            return [_job(r) for r in (await conn.execute(query)).all()]
+        return [_job(r) for r in await self.db.read(lambda conn: conn.execute(query).all())]
 
     async def count_owned(self, owner: str) -> int:
         """Number of jobs ``owner`` has."""
         query = sa.select(sa.func.count()).select_from(cron_jobs_t).where(cron_jobs_t.c.owner == owner)
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(query)).scalar_one())
+        return int(await self.db.read(lambda conn: conn.execute(query).scalar_one()))
 
     async def versions(self) -> dict[str, float]:
         """Every job id with its last change time (to notice changes made by other processes)."""
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(sa.select(cron_jobs_t.c.id, cron_jobs_t.c.updated_at))).all()
-        return {r.id: r.updated_at for r in rows}
+        query = sa.select(cron_jobs_t.c.id, cron_jobs_t.c.updated_at)
+        return {r.id: r.updated_at for r in await self.db.read(lambda conn: conn.execute(query).all())}
 
     async def save_settings(self, job: CronJob, actor: str | None) -> CronJob | None:
         """Write the user-editable fields of ``job`` and its next fire time."""
@@ -223,12 +219,10 @@ class CronStore:
 
     async def delete(self, job_id: str, actor: str | None = None) -> bool:
         """Remove a job."""
-        async with self.engine.begin() as conn:
-            result = await conn.execute(cron_jobs_t.delete().where(self._select(job_id, actor)))
-        return bool(result.rowcount)
+        delete = cron_jobs_t.delete().where(self._select(job_id, actor))
+        return bool(await self.db.write(lambda conn: conn.execute(delete).rowcount))
 
     async def fire_claimed(self, dedupe_key: str) -> bool:
         """Whether a fire with this inbox dedupe key was already accepted."""
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(sa.select(inbox_t.c.id).where(inbox_t.c.dedupe_key == dedupe_key))).first()
-        return row is not None
+        query = sa.select(inbox_t.c.id).where(inbox_t.c.dedupe_key == dedupe_key)
+        return await self.db.read(lambda conn: conn.execute(query).first()) is not None

@@ -1,20 +1,29 @@
 """The outbox sender: delivers persisted message parts through the adapters.
 
-Parts of one chat go out strictly in order (a part waiting for a retry holds back
-the chat's later parts); chats are served concurrently. Transient failures are
-retried with exponential backoff, honouring the platform's ``retry_after``. A part
-is marked sent in the store right after the platform confirms it, so a restart
-never sends it again.
+Parts reach the sender straight from the transaction that stored them (``submit``); a scan of the
+store (at start, when woken, and every few seconds) is the backstop: parts written by the CLI or by
+another gateway process, parts a dead sender left behind. Parts go out in order per *lane* (a chat;
+for callback targets, one run's parts): a part waiting for a retry holds back its lane, lanes are
+served concurrently. Each part is claimed in the store just before it is sent, and only the first
+pending part of a lane can be claimed, by one sender at a time, so order holds across processes.
+Transient failures are retried with exponential backoff, honouring the platform's ``retry_after``.
+A part is marked sent right after the platform confirms it.
+
+A claim left behind by a sender that died mid-send makes the part *in doubt*: the platform may
+already have it. The adapter is told (``metadata["in_doubt"]``), so platforms that can look the part
+up or that drop repeats (Slack, Discord nonces, callback ids) never show it twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.metrics import Metrics
 from gateway.store import OutboxRow, Store
@@ -24,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8
 MAX_BACKOFF_SECONDS = 300.0
+CLAIM_TTL_SECONDS = 120.0  # longer than any send may take (adapters time out well before)
+SCAN_INTERVAL_SECONDS = 5.0
+_SKIP_SECONDS = 2.0  # a part another sender holds is looked at again after this
 
 
 def backoff_delay(attempts: int, retry_after: float | None) -> float:
@@ -34,37 +46,63 @@ def backoff_delay(attempts: int, retry_after: float | None) -> float:
 
 
 class OutboxSender:
-    """Background task that drains the outbox."""
+    """Sends outbox parts, one task per lane with work.
+
+    ``owner`` names this process in claims. ``sole_sender``: no other gateway shares the database,
+    so claims found at start belong to dead incarnations and are taken over at once.
+    """
 
     def __init__(self, store: Store, adapters: Mapping[str, BasePlatformAdapter], metrics: Metrics,
-                 clock: Callable[[], float] = time.time) -> None:
+                 owner: str | None = None, *, sole_sender: bool = True, clock: Callable[[], float] = time.time,
+                 scan_interval: float = SCAN_INTERVAL_SECONDS) -> None:
         self.store = store
         self.adapters = adapters
         self.metrics = metrics
+        self.owner = owner or uuid.uuid4().hex[:16]
+        self.sole_sender = sole_sender
         self.clock = clock
+        self.scan_interval = scan_interval
         self._wake = asyncio.Event()
-        self._busy_chats: set[tuple[str, str]] = set()
-        # Parts this process already handled: the earliest time each may be tried again (inf once
-        # sent or failed) and the attempts made. A scan that read the outbox before the handling
-        # committed must neither send them again nor lose count of their attempts.
-        self._handled: dict[int, tuple[float, int]] = {}
-        self._chat_tasks: set[asyncio.Task[None]] = set()
+        self._lanes: dict[str, list[OutboxRow]] = {}  # lane -> its known pending parts, by id
+        self._lane_tasks: dict[str, asyncio.Task[None]] = {}
+        self._queued: set[int] = set()
+        # Parts not to take from a scan before a time: done here (a scan that read the store before
+        # the part was marked may still list it) or held by another sender. Pruned on every scan.
+        self._skip: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
 
+    def submit(self, rows: Iterable[OutboxRow]) -> None:
+        """Send these stored parts (each once, in id order within its lane)."""
+        now = self.clock()
+        for row in rows:
+            if row.id in self._queued or self._skip.get(row.id, 0.0) > now:
+                continue
+            self._queued.add(row.id)
+            lane = self._lanes.setdefault(row.lane, [])
+            bisect.insort(lane, row, key=lambda r: r.id)
+            if row.lane not in self._lane_tasks:
+                task = asyncio.create_task(self._drain(row.lane, lane), name=f"outbox:{row.lane}")
+                self._lane_tasks[row.lane] = task
+
     def wake(self) -> None:
-        """Look at the outbox now (new parts were written)."""
+        """Scan the store now (parts were written that were not submitted)."""
         self._wake.set()
 
     def start(self) -> None:
-        """Start the sender task."""
-        self._task = asyncio.create_task(self._loop(), name="outbox-sender")
+        """Start the scanning task."""
+        self._task = asyncio.create_task(self._scan_loop(), name="outbox-scan")
+
+    @property
+    def busy(self) -> bool:
+        """Whether parts are being sent or waiting for their next attempt here."""
+        return bool(self._lanes)
 
     async def flush(self, timeout: float) -> bool:
         """Wait until nothing is pending (or ``timeout``); returns whether the outbox is empty."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
-            if not self._busy_chats and await self.store.outbox_depth() == 0:
+            if not self._lanes and await self.store.outbox_depth() == 0:
                 return True
             self.wake()
             await asyncio.sleep(0.05)
@@ -72,69 +110,72 @@ class OutboxSender:
 
     async def stop(self) -> None:
         """Stop sending (undelivered parts stay in the store for the next start)."""
-        tasks = [t for t in (self._task, *self._chat_tasks) if t]
+        tasks = [t for t in (self._task, *self._lane_tasks.values()) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _loop(self) -> None:
+    async def _scan_loop(self) -> None:
+        if self.sole_sender:
+            abandoned = await self.store.abandon_claims(self.owner)
+            if abandoned:
+                logger.warning("%d outbox parts were being sent when the gateway stopped; sending them again "
+                               "(marked in doubt)", abandoned)
         while True:
             self._wake.clear()
             try:
-                wait = await self._dispatch_due()
+                await self._scan()
             except Exception:
                 logger.exception("outbox scan failed")
-                wait = 1.0
-            # not asyncio.wait_for: on 3.11 it swallows a cancel that coincides with a wake, so stop() hung
+            # not asyncio.wait_for: on 3.11 it swallows a cancel that coincides with a wake
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
+                async with asyncio.timeout(self.scan_interval):
                     await self._wake.wait()
 
-    async def _dispatch_due(self) -> float:
+    async def _scan(self) -> None:
         rows = await self.store.pending_outbox()
         self.metrics.outbox_depth.set(len(rows))
-        now = self.clock()
-        seen = {row.id for row in rows}
-        self._handled = {i: h for i, h in self._handled.items() if i in seen}
-        by_chat: dict[tuple[str, str], list[OutboxRow]] = {}
-        for row in rows:
-            handled = self._handled.get(row.id)
-            if handled is not None:
-                not_before, attempts = handled
-                if not_before == float("inf"):
-                    continue
-                row.next_attempt_at = max(row.next_attempt_at, not_before)
-                row.attempts = max(row.attempts, attempts)
-            by_chat.setdefault((row.platform, row.chat_id), []).append(row)
-        next_due = 5.0
-        for chat, chat_rows in by_chat.items():
-            if chat in self._busy_chats:
-                continue
-            head = chat_rows[0]
-            if head.next_attempt_at > now:
-                next_due = min(next_due, head.next_attempt_at - now)
-                continue
-            self._busy_chats.add(chat)
-            task = asyncio.create_task(self._send_chat(chat, chat_rows), name=f"outbox:{chat[0]}:{chat[1]}")
-            self._chat_tasks.add(task)
-            task.add_done_callback(self._chat_tasks.discard)
-        return max(0.01, next_due)
+        pending = {row.id for row in rows}
+        self._skip = {i: t for i, t in self._skip.items() if i in pending}
+        self.submit(rows)
 
-    async def _send_chat(self, chat: tuple[str, str], rows: list[OutboxRow]) -> None:
+    async def _drain(self, name: str, lane: list[OutboxRow]) -> None:
         try:
-            for row in rows:
-                if row.next_attempt_at > self.clock() or not await self._send_one(row):
-                    break
+            while lane:
+                row = lane[0]
+                wait = row.next_attempt_at - self.clock()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue  # an earlier part may have arrived meanwhile
+                claimed = await self.store.claim_outbox(row.id, self.owner, CLAIM_TTL_SECONDS)
+                if claimed is None:  # sent already, held by another sender, or an earlier part is unknown here
+                    self._done(lane, row, self.clock() + _SKIP_SECONDS)
+                    self.wake()
+                    continue
+                if await self._send_one(claimed):
+                    self._done(lane, row, float("inf"))
+                else:
+                    row.attempts, row.next_attempt_at = claimed.attempts + 1, claimed.next_attempt_at
         finally:
-            self._busy_chats.discard(chat)
-            self.wake()
+            for row in lane:
+                self._queued.discard(row.id)
+            if self._lanes.get(name) is lane:
+                del self._lanes[name]
+                self._lane_tasks.pop(name, None)
+
+    def _done(self, lane: list[OutboxRow], row: OutboxRow, skip_until: float) -> None:
+        lane.remove(row)
+        self._queued.discard(row.id)
+        self._skip[row.id] = skip_until
 
     async def _send_one(self, row: OutboxRow) -> bool:
-        """Deliver one part; returns whether the chat may go on to its next part."""
+        """Deliver one claimed part; returns whether it is finished (sent or failed for good).
+
+        A retry is recorded in ``row.next_attempt_at``.
+        """
         adapter = self.adapters.get(row.platform)
         attempts = row.attempts + 1
         if adapter is None:
-            self._handled[row.id] = (float("inf"), attempts)
             await self.store.mark_failed(row.id, f"no adapter for platform {row.platform!r}")
             self.metrics.deliveries.labels(row.platform, "failed").inc()
             logger.error("outbox %s: no adapter for platform %s; dropped", row.id, row.platform)
@@ -143,26 +184,27 @@ class OutboxSender:
                     "parts_total": str(row.parts_total)}
         if row.thread_id:
             metadata["thread_id"] = row.thread_id
+        if row.in_doubt:
+            metadata["in_doubt"] = "1"
+            logger.warning("outbox %s to %s:%s: a previous sender died while sending it; the platform may "
+                           "already have it", row.id, row.platform, row.chat_id)
         try:
             result = await self._attempt(adapter, row, metadata)
         except Exception as exc:  # an adapter bug must not kill the sender
             logger.exception("outbox %s: %s send raised", row.id, row.platform)
             result = SendResult(success=False, error=f"{type(exc).__name__}: {exc}", retryable=True)
         if result.success:
-            self._handled[row.id] = (float("inf"), attempts)
             await self.store.mark_sent(row.id, result.message_id)
             self.metrics.deliveries.labels(row.platform, "sent").inc()
             return True
         if result.retryable and attempts < MAX_ATTEMPTS:
             delay = backoff_delay(attempts, result.retry_after)
-            retry_at = self.clock() + delay
-            self._handled[row.id] = (retry_at, attempts)
-            await self.store.mark_retry(row.id, retry_at, result.error or "retryable failure")
+            row.next_attempt_at = self.clock() + delay
+            await self.store.mark_retry(row.id, row.next_attempt_at, result.error or "retryable failure")
             self.metrics.deliveries.labels(row.platform, "retry").inc()
             logger.warning("outbox %s to %s:%s failed (%s); retry in %.1fs", row.id, row.platform, row.chat_id,
                            result.error, delay)
             return False
-        self._handled[row.id] = (float("inf"), attempts)
         await self.store.mark_failed(row.id, result.error or "failed")
         self.metrics.deliveries.labels(row.platform, "failed").inc()
         logger.error("outbox %s to %s:%s failed permanently: %s", row.id, row.platform, row.chat_id, result.error)

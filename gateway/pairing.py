@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import Connection
 
-from gateway.store import OutboxPart, Store, metadata
+from gateway.store import OutboxPart, OutboxRow, Store, insert_ignoring_conflicts, metadata
 
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
 CODE_LENGTH = 8
@@ -87,7 +87,7 @@ class PairingStore:
     """Pairing state in the gateway's database (shared by the daemon and the CLI)."""
 
     def __init__(self, store: Store, ttl: float = 3600.0, max_pending: int = 3) -> None:
-        self.engine = store.engine
+        self.db = store.db
         self.ttl = ttl
         self.max_pending = max_pending
 
@@ -95,33 +95,37 @@ class PairingStore:
                     now: float | None = None) -> str | None:
         """A new code for this user, or None when one must not be sent (rate or capacity)."""
         now = time.time() if now is None else now
-        async with self.engine.begin() as conn:
-            recent = (await conn.execute(sa.select(sa.func.count()).select_from(pairing_codes_t).where(
+
+        def work(conn: Connection) -> str | None:
+            recent = conn.execute(sa.select(sa.func.count()).select_from(pairing_codes_t).where(
                 pairing_codes_t.c.platform == platform, pairing_codes_t.c.user_id == user_id,
-                pairing_codes_t.c.created_at > now - CODE_MESSAGE_INTERVAL))).scalar_one()
+                pairing_codes_t.c.created_at > now - CODE_MESSAGE_INTERVAL)).scalar_one()
             if recent:
                 return None
-            pending = (await conn.execute(sa.select(sa.func.count()).select_from(pairing_codes_t).where(
+            pending = conn.execute(sa.select(sa.func.count()).select_from(pairing_codes_t).where(
                 pairing_codes_t.c.platform == platform, pairing_codes_t.c.status == "pending",
-                pairing_codes_t.c.expires_at > now))).scalar_one()
+                pairing_codes_t.c.expires_at > now)).scalar_one()
             if pending >= self.max_pending:
                 return None
             code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
-            await conn.execute(pairing_codes_t.insert().values(
+            conn.execute(pairing_codes_t.insert().values(
                 code=code, platform=platform, user_id=user_id, user_name=user_name, chat_id=chat_id,
                 status="pending", created_at=now, expires_at=now + self.ttl))
-        return code
+            return code
+
+        return await self.db.write(work)
 
     async def approve(self, code_text: str, approver: str, now: float | None = None) -> Approval:
         """Approve a code: the user it was issued to may chat from now on."""
         now = time.time() if now is None else now
         code = normalize_code(code_text)
-        async with self.engine.begin() as conn:
-            failures = (await conn.execute(sa.select(sa.func.count()).select_from(pairing_failures_t).where(
-                pairing_failures_t.c.at > now - LOCKOUT_SECONDS))).scalar_one()
+
+        def work(conn: Connection) -> Approval:
+            failures = conn.execute(sa.select(sa.func.count()).select_from(pairing_failures_t).where(
+                pairing_failures_t.c.at > now - LOCKOUT_SECONDS)).scalar_one()
             if failures >= MAX_FAILED_APPROVALS:
                 return Approval(False, "Too many failed approvals; pairing is locked for an hour.")
-            row = (await conn.execute(sa.select(pairing_codes_t).where(pairing_codes_t.c.code == code))).first()
+            row = conn.execute(sa.select(pairing_codes_t).where(pairing_codes_t.c.code == code)).first()
             problem = None
             if row is None:
                 problem = "No such pairing code."
@@ -130,53 +134,52 @@ class PairingStore:
             elif row.expires_at <= now:
                 problem = "That code has expired; the user can DM the bot again in an hour for a new one."
             if problem is not None:
-                await conn.execute(pairing_failures_t.insert().values(at=now))
+                conn.execute(pairing_failures_t.insert().values(at=now))
                 return Approval(False, problem)
-            await conn.execute(pairing_codes_t.update().where(pairing_codes_t.c.code == code)
-                               .values(status="approved"))
-            try:
-                async with conn.begin_nested():
-                    await conn.execute(approved_users_t.insert().values(
-                        platform=row.platform, user_id=row.user_id, user_name=row.user_name,
-                        approved_by=approver, approved_at=now))
-            except IntegrityError:
-                pass  # approved before through another code
-        pending = PendingCode(row.code, row.platform, row.user_id, row.user_name, row.chat_id, row.expires_at)
-        return Approval(True, f"Approved {row.platform} user {row.user_id} ({row.user_name or 'unknown'}).", pending)
+            conn.execute(pairing_codes_t.update().where(pairing_codes_t.c.code == code).values(status="approved"))
+            # a user approved before through another code keeps that approval
+            conn.execute(insert_ignoring_conflicts(conn.dialect.name, approved_users_t, ("platform", "user_id")), {
+                "platform": row.platform, "user_id": row.user_id, "user_name": row.user_name,
+                "approved_by": approver, "approved_at": now})
+            pending = PendingCode(row.code, row.platform, row.user_id, row.user_name, row.chat_id, row.expires_at)
+            return Approval(True, f"Approved {row.platform} user {row.user_id} ({row.user_name or 'unknown'}).",
+                            pending)
+
+        return await self.db.write(work)
 
     async def is_approved(self, platform: str, user_id: str) -> bool:
         """Whether the user was approved (and not revoked)."""
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(sa.select(approved_users_t.c.user_id).where(
-                approved_users_t.c.platform == platform, approved_users_t.c.user_id == user_id))).first()
-        return row is not None
+        query = sa.select(approved_users_t.c.user_id).where(
+            approved_users_t.c.platform == platform, approved_users_t.c.user_id == user_id)
+        return await self.db.read(lambda conn: conn.execute(query).first()) is not None
 
     async def pending(self, now: float | None = None) -> list[PendingCode]:
         """Codes waiting for approval, oldest first."""
         now = time.time() if now is None else now
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(sa.select(pairing_codes_t).where(
-                pairing_codes_t.c.status == "pending", pairing_codes_t.c.expires_at > now)
-                .order_by(pairing_codes_t.c.created_at))).all()
+        query = (sa.select(pairing_codes_t).where(pairing_codes_t.c.status == "pending",
+                                                  pairing_codes_t.c.expires_at > now)
+                 .order_by(pairing_codes_t.c.created_at))
+        rows = await self.db.read(lambda conn: conn.execute(query).all())
         return [PendingCode(r.code, r.platform, r.user_id, r.user_name, r.chat_id, r.expires_at) for r in rows]
 
     async def approved(self) -> list[tuple[str, str, str | None, str]]:
         """Approved users as (platform, user_id, user_name, approved_by)."""
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(sa.select(approved_users_t).order_by(approved_users_t.c.approved_at))).all()
+        query = sa.select(approved_users_t).order_by(approved_users_t.c.approved_at)
+        rows = await self.db.read(lambda conn: conn.execute(query).all())
         return [(r.platform, r.user_id, r.user_name, r.approved_by) for r in rows]
 
     async def revoke(self, platform: str, user_id: str) -> bool:
         """Withdraw an approval."""
-        async with self.engine.begin() as conn:
-            result = await conn.execute(approved_users_t.delete().where(
-                approved_users_t.c.platform == platform, approved_users_t.c.user_id == user_id))
-        return bool(result.rowcount)
+        delete = approved_users_t.delete().where(approved_users_t.c.platform == platform,
+                                                 approved_users_t.c.user_id == user_id)
+        return bool(await self.db.write(lambda conn: conn.execute(delete).rowcount))
 
 
 APPROVED_NOTICE = "You're approved: you can chat with me now."
 
 
-async def notify_approved(store: Store, code: PendingCode) -> None:
-    """Tell the approved user, through the outbox (works from the CLI too: the daemon delivers it)."""
-    await store.enqueue([OutboxPart(f"paired:{code.code}", code.platform, code.chat_id, APPROVED_NOTICE)])
+async def notify_approved(store: Store, code: PendingCode) -> list[OutboxRow] | None:
+    """Tell the approved user, through the outbox (works from the CLI too: the daemon delivers it).
+
+    Returns the stored part (None if it was stored before)."""
+    return await store.enqueue([OutboxPart(f"paired:{code.code}", code.platform, code.chat_id, APPROVED_NOTICE)])

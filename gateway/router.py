@@ -145,9 +145,9 @@ class Router:
 
     async def _notify(self, event: MessageEvent, kind: str, text: str) -> None:
         """Send a gateway notice to the event's chat (not part of any run)."""
-        await self.store.enqueue([OutboxPart(f"{kind}:{event.dedupe_key}", event.platform, event.chat_id, text,
-                                             event.thread_id, event.message_id)])
-        self.outbox.wake()
+        stored = await self.store.enqueue([OutboxPart(f"{kind}:{event.dedupe_key}", event.platform, event.chat_id,
+                                                      text, event.thread_id, event.message_id)])
+        self.outbox.submit(stored or [])
 
     async def _offer_pairing(self, event: MessageEvent) -> None:
         code = await self.pairing.issue(event.platform, event.user_id, event.user_name, event.chat_id)
@@ -163,8 +163,7 @@ class Router:
             return "Only gateway admins can approve pairing codes."
         result = await self.pairing.approve(code, f"{event.platform}:{event.user_id}")
         if result.ok and result.code is not None:
-            await notify_approved(self.store, result.code)
-            self.outbox.wake()
+            self.outbox.submit(await notify_approved(self.store, result.code) or [])
         return result.message
 
     def _submit(self, job: RunJob) -> None:
@@ -215,11 +214,11 @@ class Router:
         adapter = self.adapters.get(event.platform)
         limit, length = (adapter.max_message_length, adapter.length_fn) if adapter else (4000, len)
         parts = split_message(reply, limit, length)
-        await self.store.enqueue([
+        stored = await self.store.enqueue([
             OutboxPart(f"cmd:{event.dedupe_key}:{i}", event.platform, event.chat_id, text, event.thread_id,
                        event.message_id if i == 0 else None, part_index=i, parts_total=len(parts))
             for i, text in enumerate(parts)], inbox_id=inbox_id)
-        self.outbox.wake()
+        self.outbox.submit(stored or [])
 
     async def reset_session(self, session_key: str) -> None:
         """``/new``: forget the conversation."""

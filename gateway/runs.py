@@ -23,7 +23,7 @@ from gateway.limits import RunBudget, UserBudgets
 from gateway.logs import redactor
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
-from gateway.store import ChatMessage, OutboxPart, RunCompletion, Store
+from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, SessionRef, Store
 from platforms.base import BasePlatformAdapter, MessageEvent, split_message
 
 logger = logging.getLogger(__name__)
@@ -180,17 +180,12 @@ class RunExecutor:
         finally:
             self._stop_requested.discard(job.run_id)
 
-    async def _messages(self, job: RunJob) -> tuple[list[dict[str, Any]], int | None]:
+    def _messages(self, job: RunJob, context: RunContext) -> list[dict[str, Any]]:
         system = self.agent.system_prompt + ("\n\n" + WEBHOOK_SYSTEM_NOTE if job.kind == "webhook" else "")
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-        epoch: int | None = None
-        if job.history:
-            e = job.event
-            epoch = await self.store.session_epoch(job.session_key, e.platform, e.chat_id, e.user_id, e.thread_id)
-            history = await self.store.history(job.session_key, epoch, self.cfg.model.history_messages)
-            messages += [m.to_openai() for m in trim_history(history, self.cfg.model.history_tokens)]
+        messages += [m.to_openai() for m in trim_history(context.history, self.cfg.model.history_tokens)]
         messages.append({"role": "user", "content": job.event.text})
-        return messages, epoch
+        return messages
 
     async def _typing(self, adapter: BasePlatformAdapter, target: Target) -> None:
         meta = {"thread_id": target.thread_id} if target.thread_id else {}
@@ -200,7 +195,9 @@ class RunExecutor:
             await asyncio.sleep(TYPING_INTERVAL)
 
     async def _execute(self, job: RunJob) -> None:
-        await self.store.start_run(job.run_id, job.inbox_id)
+        e = job.event
+        session = SessionRef(job.session_key, e.platform, e.chat_id, e.user_id, e.thread_id) if job.history else None
+        context = await self.store.start_run(job.run_id, job.inbox_id, session, self.cfg.model.history_messages)
         started = time.perf_counter()
         self.metrics.runs_in_flight.labels(job.kind).inc()
         cancel = self._cancel[job.run_id] = threading.Event()
@@ -210,11 +207,11 @@ class RunExecutor:
             preview = _StreamPreview(adapter, job.target, self.cfg.gateway.stream_edit_interval)
         typing = (asyncio.create_task(self._typing(adapter, job.target))
                   if adapter is not None and job.kind == "chat" else None)
-        done = RunCompletion(job.run_id, job.inbox_id, status="completed", session_key=job.session_key)
+        done = RunCompletion(job.run_id, job.inbox_id, status="completed", session_key=job.session_key,
+                             epoch=context.epoch)
         try:
-            messages, done.epoch = await self._messages(job)
+            messages = self._messages(job, context)
             plan = self.plan_for(job.toolsets)
-            e = job.event
             # A cron event's user_id is its owner's user key, so scheduled runs see the owner's memory.
             tool_ctx = {"session_key": job.session_key,
                         "user_key": e.user_id if job.kind == "cron" else f"{e.platform}:{e.user_id}",
@@ -258,8 +255,9 @@ class RunExecutor:
             deliver = await self.cron_hook.should_deliver(job, done)
         if deliver and done.result is not None:
             done.deliveries = self._parts(job, done.result, preview.message_id if preview else None)
-        if await self.store.finish_run(done):
-            self.outbox.wake()
+        stored = await self.store.finish_run(done)
+        if stored is not None:
+            self.outbox.submit(stored)
             self.metrics.runs.labels(job.kind, done.status).inc()
             self.metrics.run_latency.labels(job.kind).observe(time.perf_counter() - started)
             if job.kind == "cron" and self.cron_hook is not None:

@@ -1,28 +1,30 @@
 """Durable state: sessions, transcripts, inbox, runs, outbox, memory and todos.
 
-SQLAlchemy 2 async Core; portable SQL only (SQLite through aiosqlite by default,
-PostgreSQL through asyncpg), so the same code serves both. Times are stored as
-UTC unix seconds. Every method that changes state commits before it returns.
+SQLAlchemy 2 Core, written once as synchronous units of work that ``gateway.db`` runs in
+one transaction each (SQLite on its own thread with group commit, PostgreSQL through
+asyncpg). Hot statements are built once with bound parameters. Times are stored as UTC
+unix seconds. Every method that changes state commits before it returns.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event as sa_event
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = sa.MetaData()
 
@@ -108,7 +110,16 @@ outbox_t = sa.Table(
     sa.Column("last_error", sa.Text),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("sent_at", sa.Float),
+    # Parts of one lane go out in order: a chat (platform:chat_id), or one run's parts where the
+    # platform has no chat order to keep (callback targets).
+    sa.Column("lane", sa.String(800), nullable=False),
+    # Who is sending the part right now (a gateway process id) and until when that claim holds.
+    sa.Column("claimed_by", sa.String(64)),
+    sa.Column("claim_until", sa.Float),
+    # Times a sender took the part over from one that died mid-send: the platform may already have it.
+    sa.Column("in_doubt", sa.Integer, nullable=False, default=0),
     sa.Index("ix_outbox_status", "status", "id"),
+    sa.Index("ix_outbox_lane", "lane", "status", "id"),
 )
 
 memory_t = sa.Table(
@@ -147,6 +158,17 @@ class InboxRow:
     payload: dict[str, Any]
     status: str
     run_id: str | None
+
+
+@dataclass(slots=True)
+class SessionRef:
+    """The chat a session belongs to (to create it on first use)."""
+
+    key: str
+    platform: str
+    chat_id: str
+    user_id: str | None
+    thread_id: str | None
 
 
 @dataclass(slots=True)
@@ -233,6 +255,7 @@ class OutboxPart:
     part_index: int = 0
     parts_total: int = 1
     run_id: str | None = None
+    lane: str | None = None  # ordering lane; None: the chat (platform:chat_id)
 
 
 @dataclass(slots=True)
@@ -255,6 +278,8 @@ class OutboxRow:
     next_attempt_at: float
     platform_message_id: str | None
     last_error: str | None
+    lane: str
+    in_doubt: int = 0
 
 
 @dataclass(slots=True)
@@ -279,72 +304,182 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
+FINAL_RUN_STATES = ("completed", "failed", "cancelled")
+MIGRATION_LOCK_KEY = 0x4845524D4553  # pg_advisory_xact_lock key: one migrating process at a time
 
 
-def normalize_url(url: str) -> str:
-    """Map ``sqlite://`` / ``postgresql://`` URLs to their async drivers."""
-    for plain, driver in (("sqlite://", "sqlite+aiosqlite://"), ("postgresql://", "postgresql+asyncpg://"),
-                          ("postgres://", "postgresql+asyncpg://")):
-        if url.startswith(plain):
-            return driver + url[len(plain):]
-    return url
+# -- statements built once (bound parameters are named b_* where a column has the same name) ----
+
+
+@functools.cache
+def insert_ignoring_conflicts(dialect: str, table: sa.Table, key: str | tuple[str, ...]) -> Any:
+    """``INSERT ... ON CONFLICT (key) DO NOTHING RETURNING *`` for the dialect: no row back on a conflict."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    columns = [key] if isinstance(key, str) else list(key)
+    return insert(table).on_conflict_do_nothing(index_elements=columns).returning(*table.c)
+
+
+_INBOX_BY_KEY = sa.select(inbox_t.c.id, inbox_t.c.run_id).where(inbox_t.c.dedupe_key == sa.bindparam("b_key"))
+_INBOX_STATUS = (inbox_t.update().where(inbox_t.c.id == sa.bindparam("b_id"))
+                 .values(status=sa.bindparam("b_status"), updated_at=sa.bindparam("b_now")))
+_INBOX_UNFINISHED = (sa.select(inbox_t).where(inbox_t.c.status.in_(("pending", "running"))).order_by(inbox_t.c.id))
+_RUN_INSERT = runs_t.insert()
+_RUN_START = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"))
+              .values(status="running", started_at=sa.func.coalesce(runs_t.c.started_at, sa.bindparam("b_now")),
+                      attempts=runs_t.c.attempts + 1))
+_RUN_FINISH = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"), runs_t.c.status.not_in(FINAL_RUN_STATES))
+               .values(status=sa.bindparam("b_status"), result=sa.bindparam("b_result"),
+                       error=sa.bindparam("b_error"), tool_calls=sa.bindparam("b_tool_calls"),
+                       model_calls=sa.bindparam("b_model_calls"), model_seconds=sa.bindparam("b_model_seconds"),
+                       finished_at=sa.bindparam("b_now")))
+_RUN_BY_ID = sa.select(runs_t).where(runs_t.c.id == sa.bindparam("b_id"))
+_SESSION_EPOCH = sa.select(sessions_t.c.epoch).where(sessions_t.c.key == sa.bindparam("b_key"))
+_HISTORY = (sa.select(messages_t).where(messages_t.c.session_key == sa.bindparam("b_key"),
+                                        messages_t.c.epoch == sa.bindparam("b_epoch"))
+            .order_by(messages_t.c.id.desc()).limit(sa.bindparam("b_limit")))
+_MESSAGES_INSERT = messages_t.insert()
+_OUTBOX_INSERT = outbox_t.insert().returning(*outbox_t.c, sort_by_parameter_order=True)
+_OUTBOX_PENDING = (sa.select(outbox_t).where(outbox_t.c.status == "pending").order_by(outbox_t.c.id)
+                   .limit(sa.bindparam("b_limit")))
+
+_earlier = outbox_t.alias("earlier")
+# A part can be claimed when it is pending, nobody else holds a live claim on it, and it is the
+# first pending part of its lane (so parts of one chat go out in order, whichever process sends).
+# SKIP LOCKED (PostgreSQL): a part another process is claiming right now is skipped, not waited for.
+_OUTBOX_CLAIMABLE = (
+    sa.select(outbox_t.c.id)
+    .where(outbox_t.c.id == sa.bindparam("b_id"), outbox_t.c.status == "pending",
+           sa.or_(outbox_t.c.claimed_by.is_(None), outbox_t.c.claimed_by == sa.bindparam("b_owner"),
+                  outbox_t.c.claim_until < sa.bindparam("b_now")),
+           ~sa.exists().where(_earlier.c.lane == outbox_t.c.lane, _earlier.c.status == "pending",
+                              _earlier.c.id < outbox_t.c.id))
+    .with_for_update(skip_locked=True).scalar_subquery())
+_OUTBOX_CLAIM = (
+    outbox_t.update().where(outbox_t.c.id == _OUTBOX_CLAIMABLE)
+    .values(claimed_by=sa.bindparam("b_owner"), claim_until=sa.bindparam("b_until"),
+            in_doubt=outbox_t.c.in_doubt + sa.case(
+                (sa.and_(outbox_t.c.claimed_by.is_not(None), outbox_t.c.claimed_by != sa.bindparam("b_owner")), 1),
+                else_=0))
+    .returning(*outbox_t.c))
+_OUTBOX_ABANDON = (outbox_t.update().where(outbox_t.c.status == "pending", outbox_t.c.claimed_by.is_not(None),
+                                           outbox_t.c.claimed_by != sa.bindparam("b_owner"))
+                   .values(claim_until=0.0))
+_UNCLAIM = {"claimed_by": None, "claim_until": None}
+_OUTBOX_SENT = (outbox_t.update().where(outbox_t.c.id == sa.bindparam("b_id"))
+                .values(status="sent", platform_message_id=sa.bindparam("b_message_id"),
+                        sent_at=sa.bindparam("b_now"), attempts=outbox_t.c.attempts + 1, **_UNCLAIM))
+_OUTBOX_RETRY = (outbox_t.update().where(outbox_t.c.id == sa.bindparam("b_id"))
+                 .values(next_attempt_at=sa.bindparam("b_at"), last_error=sa.bindparam("b_error"),
+                         attempts=outbox_t.c.attempts + 1, **_UNCLAIM))
+_OUTBOX_FAILED = (outbox_t.update().where(outbox_t.c.id == sa.bindparam("b_id"))
+                  .values(status="failed", last_error=sa.bindparam("b_error"), attempts=outbox_t.c.attempts + 1,
+                          **_UNCLAIM))
+_OUTBOX_DEPTH = sa.select(sa.func.count()).select_from(outbox_t).where(outbox_t.c.status == "pending")
+
+
+# -- schema versions ---------------------------------------------------------
+
+
+def _v2_outbox_claims(conn: Connection) -> None:
+    """outbox: ordering lanes, claims (who is sending a part) and the in-doubt count."""
+    for column in ("lane VARCHAR(800) NOT NULL DEFAULT ''", "claimed_by VARCHAR(64)", "claim_until FLOAT",
+                   "in_doubt INTEGER NOT NULL DEFAULT 0"):
+        conn.exec_driver_sql(f"ALTER TABLE outbox ADD COLUMN {column}")
+    conn.exec_driver_sql("UPDATE outbox SET lane = platform || ':' || chat_id")
+    next(ix for ix in outbox_t.indexes if ix.name == "ix_outbox_lane").create(conn)
+
+
+_MIGRATIONS = {2: _v2_outbox_claims}
+
+
+def _migrate(conn: Connection) -> None:
+    """Bring the schema to SCHEMA_VERSION; concurrent starts of several processes take turns."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    meta_t.create(conn, checkfirst=True)
+    row = conn.execute(sa.select(meta_t.c.value).where(meta_t.c.key == "schema_version")).first()
+    version = int(row[0]) if row is not None else None
+    if version is not None and version > SCHEMA_VERSION:
+        raise RuntimeError(f"database schema v{version} is newer than this gateway (v{SCHEMA_VERSION})")
+    for step in range((version or SCHEMA_VERSION) + 1, SCHEMA_VERSION + 1):
+        logger.info("migrating the database schema to v%d: %s", step, _MIGRATIONS[step].__doc__)
+        _MIGRATIONS[step](conn)
+    metadata.create_all(conn)  # a fresh database, and tables of modules added since (checkfirst)
+    if version is None:
+        conn.execute(meta_t.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+    elif version != SCHEMA_VERSION:
+        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
+
+
+def _outbox_values(parts: Sequence[OutboxPart], now: float) -> list[dict[str, Any]]:
+    return [{"dedupe_key": p.dedupe_key, "run_id": p.run_id, "platform": p.platform, "chat_id": p.chat_id,
+             "thread_id": p.thread_id, "reply_to": p.reply_to, "edit_message_id": p.edit_message_id,
+             "part_index": p.part_index, "parts_total": p.parts_total, "text": p.text, "status": "pending",
+             "lane": p.lane or f"{p.platform}:{p.chat_id}",
+             "attempts": 0, "next_attempt_at": now, "created_at": now, "claimed_by": None, "claim_until": None,
+             "in_doubt": 0} for p in parts]
+
+
+def _append_messages(conn: Connection, key: str | None, epoch: int | None, messages: Sequence[ChatMessage],
+                     run_id: str | None, now: float) -> None:
+    if not messages or key is None or epoch is None:
+        return
+    conn.execute(_MESSAGES_INSERT, [
+        {"session_key": key, "epoch": epoch, "role": m.role, "content": m.content,
+         "tool_calls": _dumps(m.tool_calls) if m.tool_calls else None, "tool_call_id": m.tool_call_id,
+         "run_id": run_id, "created_at": now} for m in messages])
+
+
+def _session_epoch(conn: Connection, ref: SessionRef, now: float) -> int:
+    epoch = conn.execute(_SESSION_EPOCH, {"b_key": ref.key}).scalar()
+    if epoch is not None:
+        return int(epoch)
+    conn.execute(insert_ignoring_conflicts(conn.dialect.name, sessions_t, "key"), {
+        "key": ref.key, "platform": ref.platform, "chat_id": ref.chat_id, "user_id": ref.user_id,
+        "thread_id": ref.thread_id, "epoch": 0, "created_at": now, "updated_at": now})
+    return int(conn.execute(_SESSION_EPOCH, {"b_key": ref.key}).scalar_one())
+
+
+def _history(conn: Connection, key: str, epoch: int, limit: int) -> list[ChatMessage]:
+    rows = conn.execute(_HISTORY, {"b_key": key, "b_epoch": epoch, "b_limit": limit}).all()
+    return [ChatMessage(r.role, r.content, json.loads(r.tool_calls) if r.tool_calls else None, r.tool_call_id)
+            for r in reversed(rows)]
+
+
+@dataclass(slots=True)
+class RunContext:
+    """What a run starts from: its session's epoch and recent transcript (None/[] without history)."""
+
+    epoch: int | None
+    history: list[ChatMessage]
 
 
 class Store:
-    """Async access to the gateway's database."""
+    """The gateway's database, one method per unit of work."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-        self.dialect = engine.dialect.name
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.dialect = db.dialect
 
     @classmethod
     async def open(cls, url: str) -> Store:
         """Connect, create or migrate the schema, and return the store."""
-        url = normalize_url(url)
-        kwargs: dict[str, Any] = {}
-        if url.startswith("sqlite"):
-            path = url.split(":///", 1)[-1]
-            if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["connect_args"] = {"timeout": 10}
-        else:
-            kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=True)
-        engine = create_async_engine(url, **kwargs)
-        if engine.dialect.name == "sqlite":
-            sa_event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-        store = cls(engine)
+        db = Database.connect(url)
         try:
-            await store._migrate()
+            await db.write(_migrate)
         except BaseException:
-            await engine.dispose()
+            await db.close()
             raise
-        return store
+        return cls(db)
 
     async def close(self) -> None:
-        """Dispose of the connection pool."""
-        await self.engine.dispose()
-
-    async def _migrate(self) -> None:
-        async with self.engine.begin() as conn:
-            await conn.run_sync(metadata.create_all)
-            row = (await conn.execute(sa.select(meta_t.c.value).where(meta_t.c.key == "schema_version"))).first()
-            if row is None:
-                await conn.execute(meta_t.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise RuntimeError(f"database schema v{row[0]} is newer than this gateway (v{SCHEMA_VERSION})")
+        """Finish queued work and release the connections."""
+        await self.db.close()
 
     async def ping(self) -> bool:
         """Whether the database answers."""
         try:
-            async with self.engine.connect() as conn:
-                await conn.execute(sa.select(1))
+            await self.db.read(lambda conn: conn.execute(sa.select(1)).scalar())
             return True
         except Exception as exc:
             logger.warning("store ping failed: %s", exc)
@@ -356,89 +491,90 @@ class Store:
                      payload: dict[str, Any], run: NewRun | None = None) -> Acceptance:
         """Persist an event (and its run) once; a repeated dedupe key returns the first acceptance."""
         now = time.time()
-        try:
-            async with self.engine.begin() as conn:
-                result = await conn.execute(inbox_t.insert().values(
-                    dedupe_key=dedupe_key, platform=platform, kind=kind, session_key=session_key,
-                    payload=_dumps(payload), status="pending", run_id=run.id if run else None,
-                    created_at=now, updated_at=now))
-                inbox_id = int(result.inserted_primary_key[0])
-                if run is not None:
-                    await conn.execute(runs_t.insert().values(
-                        id=run.id, kind=run.kind, source=run.source, session_key=session_key, status="queued",
-                        toolsets=_dumps(run.toolsets), prompt=run.prompt, deliver_to=run.deliver_to,
-                        tool_calls="[]", model_calls=0, attempts=0, created_at=now))
-            return Acceptance(inbox_id, run.id if run else None, duplicate=False)
-        except IntegrityError:
-            async with self.engine.connect() as conn:
-                row = (await conn.execute(sa.select(inbox_t.c.id, inbox_t.c.run_id)
-                                          .where(inbox_t.c.dedupe_key == dedupe_key))).first()
-            if row is None:  # the conflict was not on the dedupe key
-                raise
-            return Acceptance(int(row.id), row.run_id, duplicate=True)
+        row_values = {"dedupe_key": dedupe_key, "platform": platform, "kind": kind, "session_key": session_key,
+                      "payload": _dumps(payload), "status": "pending", "run_id": run.id if run else None,
+                      "created_at": now, "updated_at": now}
+
+        def work(conn: Connection) -> Acceptance:
+            inserted = conn.execute(insert_ignoring_conflicts(conn.dialect.name, inbox_t, "dedupe_key"),
+                                    row_values).first()
+            if inserted is None:
+                first = conn.execute(_INBOX_BY_KEY, {"b_key": dedupe_key}).one()
+                return Acceptance(int(first.id), first.run_id, duplicate=True)
+            if run is not None:
+                conn.execute(_RUN_INSERT, {
+                    "id": run.id, "kind": run.kind, "source": run.source, "session_key": session_key,
+                    "status": "queued", "toolsets": _dumps(run.toolsets), "prompt": run.prompt,
+                    "deliver_to": run.deliver_to, "tool_calls": "[]", "model_calls": 0, "attempts": 0,
+                    "created_at": now})
+            return Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
+
+        return await self.db.write(work)
 
     async def unfinished_inbox(self) -> list[InboxRow]:
         """Accepted events whose processing has not finished, oldest first."""
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(sa.select(inbox_t).where(inbox_t.c.status.in_(("pending", "running")))
-                                       .order_by(inbox_t.c.id))).all()
+        rows = await self.db.read(lambda conn: conn.execute(_INBOX_UNFINISHED).all())
         return [InboxRow(r.id, r.dedupe_key, r.platform, r.kind, r.session_key, json.loads(r.payload),
                          r.status, r.run_id) for r in rows]
 
     async def set_inbox_status(self, inbox_id: int, status: str) -> None:
         """Move an inbox event to ``status``."""
-        async with self.engine.begin() as conn:
-            await conn.execute(inbox_t.update().where(inbox_t.c.id == inbox_id)
-                               .values(status=status, updated_at=time.time()))
+        params = {"b_id": inbox_id, "b_status": status, "b_now": time.time()}
+        await self.db.write(lambda conn: conn.execute(_INBOX_STATUS, params))
 
     async def count_inbox(self, status: str | None = None) -> int:
         """Number of inbox rows (optionally with one status)."""
         query = sa.select(sa.func.count()).select_from(inbox_t)
         if status is not None:
             query = query.where(inbox_t.c.status == status)
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(query)).scalar_one())
+        return int(await self.db.read(lambda conn: conn.execute(query).scalar_one()))
 
     # -- runs ------------------------------------------------------------
 
-    async def start_run(self, run_id: str, inbox_id: int | None) -> None:
-        """Mark a run (and its inbox event) as running, counting the attempt."""
+    async def start_run(self, run_id: str, inbox_id: int | None, session: SessionRef | None = None,
+                        history_limit: int = 0) -> RunContext:
+        """Mark a run (and its inbox event) as running, counting the attempt; with ``session``, also
+        return the session's epoch (creating the session on first use) and its last ``history_limit``
+        messages, all in one transaction."""
         now = time.time()
-        async with self.engine.begin() as conn:
-            await conn.execute(runs_t.update().where(runs_t.c.id == run_id).values(
-                status="running", started_at=sa.func.coalesce(runs_t.c.started_at, now),
-                attempts=runs_t.c.attempts + 1))
-            if inbox_id is not None:
-                await conn.execute(inbox_t.update().where(inbox_t.c.id == inbox_id)
-                                   .values(status="running", updated_at=now))
 
-    async def finish_run(self, done: RunCompletion) -> bool:
+        def work(conn: Connection) -> RunContext:
+            conn.execute(_RUN_START, {"b_id": run_id, "b_now": now})
+            if inbox_id is not None:
+                conn.execute(_INBOX_STATUS, {"b_id": inbox_id, "b_status": "running", "b_now": now})
+            if session is None:
+                return RunContext(None, [])
+            epoch = _session_epoch(conn, session, now)
+            return RunContext(epoch, _history(conn, session.key, epoch, history_limit) if history_limit else [])
+
+        return await self.db.write(work)
+
+    async def finish_run(self, done: RunCompletion) -> list[OutboxRow] | None:
         """Record a run's end atomically: status, transcript, inbox state and deliveries.
 
-        Returns False (writing nothing) when the run had already finished, so a
-        resumed run can never deliver twice.
+        Returns the deliveries as stored, or None (writing nothing) when the run had already
+        finished, so a resumed run can never deliver twice.
         """
         now = time.time()
-        async with self.engine.begin() as conn:
-            updated = await conn.execute(
-                runs_t.update().where(runs_t.c.id == done.run_id,
-                                      runs_t.c.status.not_in(("completed", "failed", "cancelled")))
-                .values(status=done.status, result=done.result, error=done.error,
-                        tool_calls=_dumps(done.tool_calls), model_calls=done.model_calls,
-                        model_seconds=done.model_seconds, finished_at=now))
-            if updated.rowcount == 0:
-                return False
+        params = {"b_id": done.run_id, "b_status": done.status, "b_result": done.result, "b_error": done.error,
+                  "b_tool_calls": _dumps(done.tool_calls), "b_model_calls": done.model_calls,
+                  "b_model_seconds": done.model_seconds, "b_now": now}
+
+        def work(conn: Connection) -> list[OutboxRow] | None:
+            if conn.execute(_RUN_FINISH, params).rowcount == 0:
+                return None
             if done.inbox_id is not None:
-                await conn.execute(inbox_t.update().where(inbox_t.c.id == done.inbox_id)
-                                   .values(status="done", updated_at=now))
-            await self._append_messages(conn, done.session_key, done.epoch, done.transcript, done.run_id, now)
-            await self._insert_outbox(conn, done.deliveries, now)
-        return True
+                conn.execute(_INBOX_STATUS, {"b_id": done.inbox_id, "b_status": "done", "b_now": now})
+            _append_messages(conn, done.session_key, done.epoch, done.transcript, done.run_id, now)
+            if not done.deliveries:
+                return []
+            return [_outbox_row(r) for r in conn.execute(_OUTBOX_INSERT, _outbox_values(done.deliveries, now))]
+
+        return await self.db.write(work)
 
     async def get_run(self, run_id: str) -> RunRow | None:
         """One run, or None."""
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(sa.select(runs_t).where(runs_t.c.id == run_id))).first()
+        row = await self.db.read(lambda conn: conn.execute(_RUN_BY_ID, {"b_id": run_id}).first())
         return _run_row(row) if row else None
 
     async def list_runs(self, limit: int = 20, status: str | None = None) -> list[RunRow]:
@@ -446,130 +582,101 @@ class Store:
         query = sa.select(runs_t).order_by(runs_t.c.created_at.desc()).limit(limit)
         if status:
             query = query.where(runs_t.c.status == status)
-        async with self.engine.connect() as conn:
-            return [_run_row(r) for r in (await conn.execute(query)).all()]
+        return [_run_row(r) for r in await self.db.read(lambda conn: conn.execute(query).all())]
 
     async def count_runs(self, status: str | None = None) -> int:
         """Number of runs (optionally with one status)."""
         query = sa.select(sa.func.count()).select_from(runs_t)
         if status is not None:
             query = query.where(runs_t.c.status == status)
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(query)).scalar_one())
+        return int(await self.db.read(lambda conn: conn.execute(query).scalar_one()))
 
     # -- sessions and transcripts -----------------------------------------
 
     async def session_epoch(self, key: str, platform: str, chat_id: str, user_id: str | None,
                             thread_id: str | None) -> int:
         """The session's current epoch, creating the session on first use."""
-        async with self.engine.begin() as conn:
-            row = (await conn.execute(sa.select(sessions_t.c.epoch).where(sessions_t.c.key == key))).first()
-            if row is not None:
-                return int(row.epoch)
-        now = time.time()
-        try:
-            async with self.engine.begin() as conn:
-                await conn.execute(sessions_t.insert().values(
-                    key=key, platform=platform, chat_id=chat_id, user_id=user_id, thread_id=thread_id,
-                    epoch=0, created_at=now, updated_at=now))
-        except IntegrityError:
-            pass  # created concurrently
-        return 0
+        ref, now = SessionRef(key, platform, chat_id, user_id, thread_id), time.time()
+        return await self.db.write(lambda conn: _session_epoch(conn, ref, now))
 
     async def reset_session(self, key: str) -> int:
         """Start a fresh conversation (``/new``): bump the epoch; returns the new one."""
-        async with self.engine.begin() as conn:
-            await conn.execute(sessions_t.update().where(sessions_t.c.key == key)
-                               .values(epoch=sessions_t.c.epoch + 1, updated_at=time.time()))
-            row = (await conn.execute(sa.select(sessions_t.c.epoch).where(sessions_t.c.key == key))).first()
-        return int(row.epoch) if row else 0
+        def work(conn: Connection) -> int:
+            conn.execute(sessions_t.update().where(sessions_t.c.key == key)
+                         .values(epoch=sessions_t.c.epoch + 1, updated_at=time.time()))
+            return int(conn.execute(_SESSION_EPOCH, {"b_key": key}).scalar() or 0)
+
+        return await self.db.write(work)
 
     async def history(self, key: str, epoch: int, limit: int) -> list[ChatMessage]:
         """The last ``limit`` transcript messages of the session's epoch, oldest first."""
-        query = (sa.select(messages_t).where(messages_t.c.session_key == key, messages_t.c.epoch == epoch)
-                 .order_by(messages_t.c.id.desc()).limit(limit))
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(query)).all()
-        return [ChatMessage(r.role, r.content, json.loads(r.tool_calls) if r.tool_calls else None,
-                            r.tool_call_id) for r in reversed(rows)]
-
-    async def _append_messages(self, conn: AsyncConnection, key: str | None, epoch: int | None,
-                               messages: Sequence[ChatMessage], run_id: str | None, now: float) -> None:
-        if not messages or key is None or epoch is None:
-            return
-        await conn.execute(messages_t.insert(), [
-            {"session_key": key, "epoch": epoch, "role": m.role, "content": m.content,
-             "tool_calls": _dumps(m.tool_calls) if m.tool_calls else None, "tool_call_id": m.tool_call_id,
-             "run_id": run_id, "created_at": now} for m in messages])
+        return await self.db.read(lambda conn: _history(conn, key, epoch, limit))
 
     # -- outbox ----------------------------------------------------------
 
-    async def _insert_outbox(self, conn: AsyncConnection, parts: Iterable[OutboxPart], now: float) -> None:
-        rows = [{"dedupe_key": p.dedupe_key, "run_id": p.run_id, "platform": p.platform, "chat_id": p.chat_id,
-                 "thread_id": p.thread_id, "reply_to": p.reply_to, "edit_message_id": p.edit_message_id,
-                 "part_index": p.part_index, "parts_total": p.parts_total, "text": p.text, "status": "pending",
-                 "attempts": 0, "next_attempt_at": now, "created_at": now} for p in parts]
-        if rows:
-            await conn.execute(outbox_t.insert(), rows)
-
-    async def enqueue(self, parts: Sequence[OutboxPart], inbox_id: int | None = None) -> bool:
+    async def enqueue(self, parts: Sequence[OutboxPart], inbox_id: int | None = None) -> list[OutboxRow] | None:
         """Persist deliveries outside a run (command replies), closing the inbox event in the same step.
 
-        Returns False when these deliveries were already enqueued (a replayed event).
+        Returns the parts as stored, or None when they were already enqueued (a replayed event).
         """
         now = time.time()
-        try:
-            async with self.engine.begin() as conn:
-                await self._insert_outbox(conn, parts, now)
-                if inbox_id is not None:
-                    await conn.execute(inbox_t.update().where(inbox_t.c.id == inbox_id)
-                                       .values(status="done", updated_at=now))
-        except IntegrityError:
+
+        def work(conn: Connection) -> list[OutboxRow] | None:
             if inbox_id is not None:
-                await self.set_inbox_status(inbox_id, "done")
-            return False
-        return True
+                conn.execute(_INBOX_STATUS, {"b_id": inbox_id, "b_status": "done", "b_now": now})
+            insert = insert_ignoring_conflicts(conn.dialect.name, outbox_t, "dedupe_key")
+            rows = [conn.execute(insert, values).first() for values in _outbox_values(parts, now)]
+            return [_outbox_row(r) for r in rows if r is not None] if any(rows) else None
+
+        return await self.db.write(work)
 
     async def pending_outbox(self, limit: int = 500) -> list[OutboxRow]:
         """Undelivered parts, oldest first."""
-        query = (sa.select(outbox_t).where(outbox_t.c.status == "pending").order_by(outbox_t.c.id).limit(limit))
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(query)).all()
+        rows = await self.db.read(lambda conn: conn.execute(_OUTBOX_PENDING, {"b_limit": limit}).all())
         return [_outbox_row(r) for r in rows]
+
+    async def claim_outbox(self, outbox_id: int, owner: str, ttl: float) -> OutboxRow | None:
+        """Take a part for sending (for ``ttl`` seconds); None when it is not this process's to send now:
+        already sent, claimed by a live sender, or not the first pending part of its lane.
+
+        Taking over a claim that a dead sender left behind counts ``in_doubt`` up: the platform may
+        already have that part.
+        """
+        now = time.time()
+        params = {"b_id": outbox_id, "b_owner": owner, "b_now": now, "b_until": now + ttl}
+        row = await self.db.write(lambda conn: conn.execute(_OUTBOX_CLAIM, params).first())
+        return _outbox_row(row) if row is not None else None
+
+    async def abandon_claims(self, owner: str) -> int:
+        """Expire every claim not held by ``owner``: for a single gateway starting up, whose earlier
+        incarnations are dead. Returns the number of parts concerned."""
+        return int(await self.db.write(lambda conn: conn.execute(_OUTBOX_ABANDON, {"b_owner": owner}).rowcount))
 
     async def mark_sent(self, outbox_id: int, platform_message_id: str | None) -> None:
         """Record a successful delivery."""
-        async with self.engine.begin() as conn:
-            await conn.execute(outbox_t.update().where(outbox_t.c.id == outbox_id).values(
-                status="sent", platform_message_id=platform_message_id, sent_at=time.time(),
-                attempts=outbox_t.c.attempts + 1))
+        params = {"b_id": outbox_id, "b_message_id": platform_message_id, "b_now": time.time()}
+        await self.db.write(lambda conn: conn.execute(_OUTBOX_SENT, params))
 
     async def mark_retry(self, outbox_id: int, next_attempt_at: float, error: str) -> None:
         """Record a transient failure and when to try again."""
-        async with self.engine.begin() as conn:
-            await conn.execute(outbox_t.update().where(outbox_t.c.id == outbox_id).values(
-                next_attempt_at=next_attempt_at, last_error=error[:2000], attempts=outbox_t.c.attempts + 1))
+        params = {"b_id": outbox_id, "b_at": next_attempt_at, "b_error": error[:2000]}
+        await self.db.write(lambda conn: conn.execute(_OUTBOX_RETRY, params))
 
     async def mark_failed(self, outbox_id: int, error: str) -> None:
         """Give up on a delivery."""
-        async with self.engine.begin() as conn:
-            await conn.execute(outbox_t.update().where(outbox_t.c.id == outbox_id).values(
-                status="failed", last_error=error[:2000], attempts=outbox_t.c.attempts + 1))
+        params = {"b_id": outbox_id, "b_error": error[:2000]}
+        await self.db.write(lambda conn: conn.execute(_OUTBOX_FAILED, params))
 
     async def outbox_rows(self, run_id: str | None = None) -> list[OutboxRow]:
         """Every outbox row (optionally of one run), in order: for inspection and tests."""
         query = sa.select(outbox_t).order_by(outbox_t.c.id)
         if run_id is not None:
             query = query.where(outbox_t.c.run_id == run_id)
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(query)).all()
-        return [_outbox_row(r) for r in rows]
+        return [_outbox_row(r) for r in await self.db.read(lambda conn: conn.execute(query).all())]
 
     async def outbox_depth(self) -> int:
         """Number of undelivered parts."""
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(sa.select(sa.func.count()).select_from(outbox_t)
-                                           .where(outbox_t.c.status == "pending"))).scalar_one())
+        return int(await self.db.read(lambda conn: conn.execute(_OUTBOX_DEPTH).scalar_one()))
 
 
 def _run_row(r: Any) -> RunRow:
@@ -581,49 +688,48 @@ def _run_row(r: Any) -> RunRow:
 def _outbox_row(r: Any) -> OutboxRow:
     return OutboxRow(r.id, r.dedupe_key, r.run_id, r.platform, r.chat_id, r.thread_id, r.reply_to, r.edit_message_id,
                      r.part_index, r.parts_total, r.text, r.status, r.attempts, r.next_attempt_at,
-                     r.platform_message_id, r.last_error)
+                     r.platform_message_id, r.last_error, r.lane, r.in_doubt)
 
 
 class ToolStateStore:
     """Memory notes and todo lists for the tools, on the same database."""
 
     def __init__(self, store: Store) -> None:
-        self.engine = store.engine
+        self.db = store.db
 
     async def add_note(self, user_key: str, text: str) -> tuple[int, float]:
         """Store a note; returns (id, created_at)."""
         now = time.time()
-        async with self.engine.begin() as conn:
-            result = await conn.execute(memory_t.insert().values(user_key=user_key, text=text, created_at=now))
-        return int(result.inserted_primary_key[0]), now
+        insert = memory_t.insert().values(user_key=user_key, text=text, created_at=now).returning(memory_t.c.id)
+        note_id = await self.db.write(lambda conn: conn.execute(insert).scalar_one())
+        return int(note_id), now
 
     async def list_notes(self, user_key: str) -> list[tuple[int, str, float]]:
         """The user's notes as (id, text, created_at), oldest first."""
         query = sa.select(memory_t.c.id, memory_t.c.text, memory_t.c.created_at).where(
             memory_t.c.user_key == user_key).order_by(memory_t.c.id)
-        async with self.engine.connect() as conn:
-            return [(int(r.id), r.text, r.created_at) for r in (await conn.execute(query)).all()]
+        rows = await self.db.read(lambda conn: conn.execute(query).all())
+        return [(int(r.id), r.text, r.created_at) for r in rows]
 
     async def remove_note(self, user_key: str, note_id: int) -> bool:
         """Delete one of the user's notes."""
-        async with self.engine.begin() as conn:
-            result = await conn.execute(memory_t.delete().where(memory_t.c.user_key == user_key,
-                                                                memory_t.c.id == note_id))
-        return bool(result.rowcount)
+        delete = memory_t.delete().where(memory_t.c.user_key == user_key, memory_t.c.id == note_id)
+        return bool(await self.db.write(lambda conn: conn.execute(delete).rowcount))
 
     async def load_todos(self, session_key: str) -> list[dict[str, str]]:
         """The session's todo items as dicts."""
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(sa.select(todos_t.c["items"])
-                                      .where(todos_t.c.session_key == session_key))).first()
+        query = sa.select(todos_t.c["items"]).where(todos_t.c.session_key == session_key)
+        row = await self.db.read(lambda conn: conn.execute(query).first())
         return json.loads(row[0]) if row else []
 
     async def save_todos(self, session_key: str, items: list[dict[str, str]]) -> None:
         """Replace the session's todo items."""
         now = time.time()
-        async with self.engine.begin() as conn:
-            updated = await conn.execute(todos_t.update().where(todos_t.c.session_key == session_key)
-                                         .values(items=_dumps(items), updated_at=now))
+
+        def work(conn: Connection) -> None:
+            updated = conn.execute(todos_t.update().where(todos_t.c.session_key == session_key)
+                                   .values(items=_dumps(items), updated_at=now))
             if updated.rowcount == 0:
-                await conn.execute(todos_t.insert().values(session_key=session_key, items=_dumps(items),
-                                                           updated_at=now))
+                conn.execute(todos_t.insert().values(session_key=session_key, items=_dumps(items), updated_at=now))
+
+        await self.db.write(work)

@@ -330,10 +330,8 @@ async def restarts(tmp_path: Path) -> AsyncIterator[tuple[_Restarts, ScriptedMod
 
 
 async def _fires(store: Store, job_id: str) -> list[str]:
-    async with store.engine.connect() as conn:
-        rows = (await conn.execute(sa.select(inbox_t.c.dedupe_key)
-                                   .where(inbox_t.c.dedupe_key.like(f"cron:{job_id}:%")))).all()
-    return [r.dedupe_key for r in rows]
+    query = sa.select(inbox_t.c.dedupe_key).where(inbox_t.c.dedupe_key.like(f"cron:{job_id}:%"))
+    return [r.dedupe_key for r in await store.db.read(lambda conn: conn.execute(query).all())]
 
 
 def _stored(job: CronJob) -> CronJob:

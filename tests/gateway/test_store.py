@@ -79,7 +79,7 @@ async def test_finish_run_is_atomic_and_idempotent(store: Store) -> None:
                            transcript=[ChatMessage("user", "hi"), ChatMessage("assistant", "other")],
                            deliveries=[OutboxPart(f"run:{run_id}:replay", "telegram", "100", "other",
                                                   run_id=run_id)])
-    assert not await store.finish_run(replay)
+    assert await store.finish_run(replay) is None
     assert (await store.get_run(run_id)).result == "hello"
     assert len(await store.history(KEY, epoch, 10)) == 2
     assert len(await store.outbox_rows(run_id)) == 2
@@ -89,9 +89,9 @@ async def test_cancelled_run_finishes_without_deliveries(store: Store) -> None:
     inbox_id, run_id = await _accept_run(store, "telegram:1")
     await store.start_run(run_id, inbox_id)
     assert await store.finish_run(RunCompletion(run_id, inbox_id, "cancelled", error="stopped by user",
-                                                session_key=KEY, epoch=0))
+                                                session_key=KEY, epoch=0)) == []
     assert (await store.get_run(run_id)).status == "cancelled"
-    assert not await store.finish_run(RunCompletion(run_id, inbox_id, "completed", result="late"))
+    assert await store.finish_run(RunCompletion(run_id, inbox_id, "completed", result="late")) is None
     assert await store.outbox_rows(run_id) == [] and await store.count_inbox("done") == 1
 
 
@@ -158,7 +158,7 @@ async def test_enqueue_is_once_and_closes_the_inbox_event(store: Store) -> None:
     parts = [OutboxPart("cmd:telegram:cmd:0", "telegram", "100", "Commands: ...")]
     assert await store.enqueue(parts, inbox_id=acc.inbox_id)
     assert await store.unfinished_inbox() == []
-    assert not await store.enqueue(parts, inbox_id=acc.inbox_id)
+    assert await store.enqueue(parts, inbox_id=acc.inbox_id) is None
     assert await store.outbox_depth() == 1
 
 
@@ -175,8 +175,8 @@ async def test_schema_is_created_on_open_and_kept_on_reopen(store_url: str) -> N
         assert [r.id for r in await second.unfinished_inbox()] == [inbox_id]
         duplicate = await second.accept("telegram:1", "telegram", "chat", KEY, {}, _run())
         assert duplicate.duplicate and duplicate.run_id == run_id
-        async with second.engine.begin() as conn:
-            await conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="99"))
+        newer = meta_t.update().where(meta_t.c.key == "schema_version").values(value="99")
+        await second.db.write(lambda conn: conn.execute(newer))
     finally:
         await second.close()
     with pytest.raises(RuntimeError, match="newer than this gateway"):
@@ -185,5 +185,5 @@ async def test_schema_is_created_on_open_and_kept_on_reopen(store_url: str) -> N
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_sqlite_runs_in_wal_mode(store: Store) -> None:
-    async with store.engine.connect() as conn:
-        assert (await conn.execute(sa.text("PRAGMA journal_mode"))).scalar_one() == "wal"
+    mode = await store.db.read(lambda conn: conn.execute(sa.text("PRAGMA journal_mode")).scalar_one())
+    assert mode == "wal"

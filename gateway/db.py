@@ -1,0 +1,215 @@
+"""Where the SQL runs: every unit of work is one synchronous function, executed in one transaction.
+
+The store's methods are written once as ``work(conn) -> result`` over a synchronous SQLAlchemy
+``Connection`` and run unchanged on both engines:
+
+- **SQLite**: one thread owns the connection. Work submitted while a transaction is running is
+  batched into the next one (group commit): one thread hand-off and one commit for many callers,
+  each caller's future settled only after the commit. A batch whose work raises is rolled back
+  and its items are redone one transaction each, so one caller's error never touches another's.
+- **PostgreSQL**: asyncpg through ``AsyncConnection.run_sync``: no thread hand-offs; concurrent
+  work runs on pooled connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import create_async_engine
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Work = Callable[[Connection], T]
+
+MAX_BATCH = 64  # work items per SQLite transaction
+
+
+def normalize_url(url: str) -> str:
+    """Map ``postgresql://`` URLs to the asyncpg driver; ``sqlite://`` stays on the standard library."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            return "postgresql+asyncpg://" + url[len(plain):]
+    if url.startswith("sqlite+aiosqlite://"):
+        return "sqlite://" + url[len("sqlite+aiosqlite://"):]
+    return url
+
+
+class Database(ABC):
+    """Runs units of work against one database."""
+
+    dialect: str
+
+    @staticmethod
+    def connect(url: str) -> Database:
+        """The database for a store URL (``sqlite:///PATH`` or ``postgresql://...``)."""
+        url = normalize_url(url)
+        if url.startswith("sqlite"):
+            return SqliteDatabase(url)
+        if url.startswith("postgresql"):
+            return PostgresDatabase(url)
+        raise ValueError(f"unsupported store URL {url.split(':', 1)[0]!r}: use sqlite:///PATH or postgresql://...")
+
+    @abstractmethod
+    async def write(self, work: Work[T]) -> T:
+        """Run ``work`` in a transaction that may write; returns once it is committed."""
+
+    @abstractmethod
+    async def read(self, work: Work[T]) -> T:
+        """Run read-only ``work``."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Finish queued work and release the connections."""
+
+
+@dataclass(slots=True)
+class _Item:
+    work: Work[Any]
+    write: bool
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+def _settle(outcomes: list[tuple[_Item, Any, BaseException | None]]) -> None:
+    for item, result, error in outcomes:
+        if item.future.done():  # the caller gave up (cancelled)
+            continue
+        if error is None:
+            item.future.set_result(result)
+        else:
+            item.future.set_exception(error)
+
+
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    # isolation_level None: the driver emits no BEGIN of its own; _SqliteWorker begins explicitly.
+    dbapi_conn.isolation_level = None
+    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=10000", "foreign_keys=ON"):
+        dbapi_conn.execute(f"PRAGMA {pragma}")
+
+
+class SqliteDatabase(Database):
+    """SQLite on a dedicated thread with group commit."""
+
+    dialect = "sqlite"
+
+    def __init__(self, url: str) -> None:
+        path = url.split(":///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.engine = sa.create_engine(url, poolclass=sa.pool.StaticPool,
+                                       connect_args={"timeout": 10, "check_same_thread": False})
+        sa.event.listen(self.engine, "connect", _sqlite_connect)
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="hermes-db", daemon=True)
+        self._thread.start()
+
+    async def write(self, work: Work[T]) -> T:
+        return await self._submit(work, True)
+
+    async def read(self, work: Work[T]) -> T:
+        return await self._submit(work, False)
+
+    def _submit(self, work: Work[T], write: bool) -> asyncio.Future[T]:
+        if self._closed:
+            raise RuntimeError("the database is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put(_Item(work, write, future, loop))
+        return future
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        await asyncio.to_thread(self._thread.join)
+        self.engine.dispose()
+
+    def _serve(self) -> None:
+        conn = self.engine.connect()
+        try:
+            stopping = False
+            while not stopping:
+                first = self._queue.get()
+                if first is None:
+                    break
+                batch = [first]
+                while len(batch) < MAX_BATCH:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stopping = True
+                        break
+                    batch.append(item)
+                self._run_batch(conn, [i for i in batch if not i.future.cancelled()])
+        finally:
+            conn.close()
+
+    def _run_batch(self, conn: Connection, batch: list[_Item]) -> None:
+        if not batch:
+            return
+        try:
+            outcomes = self._transaction(conn, batch)
+        except Exception as exc:
+            if len(batch) == 1:
+                outcomes = [(batch[0], None, exc)]
+            else:  # redo alone, so the error reaches only its own caller
+                outcomes = []
+                for item in batch:
+                    try:
+                        outcomes += self._transaction(conn, [item])
+                    except Exception as one_exc:
+                        outcomes.append((item, None, one_exc))
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Item, Any, BaseException | None]]] = {}
+        for outcome in outcomes:
+            by_loop.setdefault(outcome[0].loop, []).append(outcome)
+        for loop, settled in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(_settle, settled)
+
+    @staticmethod
+    def _transaction(conn: Connection, batch: list[_Item]) -> list[tuple[_Item, Any, BaseException | None]]:
+        # IMMEDIATE takes the write lock up front, so a read-then-write never fails on a stale snapshot.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if any(i.write for i in batch) else "BEGIN")
+        try:
+            results = [(item, item.work(conn), None) for item in batch]
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        return results
+
+
+class PostgresDatabase(Database):
+    """PostgreSQL through asyncpg; each unit of work on a pooled connection."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+    async def write(self, work: Work[T]) -> T:
+        async with self.engine.begin() as conn:
+            return await conn.run_sync(work)
+
+    async def read(self, work: Work[T]) -> T:
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(work)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
