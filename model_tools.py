@@ -2,7 +2,8 @@
 
 - ``get_tool_plan`` / ``get_tool_definitions``: cached, availability-filtered OpenAI
   tool definitions for a set of toolsets, with progressive disclosure (tool search)
-  when non-core schemas would take too much of the context window.
+  when non-core schemas would take too much of the context window. The definitions
+  are shared with the cache: read-only.
 - ``handle_function_call``: coerce arguments -> tool-search bridge -> pre hooks ->
   dispatch (timed) -> post hooks -> transform hooks. Always returns a string.
 - ``_run_async``: the bridge that runs async tool handlers off the caller's loop.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import logging
 import re
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tools.registry import registry, tool_error, tool_result
-from toolsets import core_tools, resolve_toolset
+from toolsets import TOOLSETS, Toolset, core_tools, resolve_toolset_traced
 
 logger = logging.getLogger(__name__)
 
@@ -267,14 +267,36 @@ class ToolSearchConfig:
 
 @dataclass(slots=True)
 class ToolPlan:
-    """What one run may use: the definitions sent to the model and the names it may call."""
+    """What one run may use: the definitions sent to the model and the names it may call.
+
+    ``definitions`` is the caller's own list, but its dicts are shared by every plan from the same
+    cache entry: never change them (the agent and the openai SDK only read them).
+    """
 
     definitions: list[dict[str, Any]]
     allowed: frozenset[str]
     deferred: tuple[str, ...] = ()
 
 
-_plan_cache: OrderedDict[tuple[Any, ...], ToolPlan] = OrderedDict()
+@dataclass(frozen=True, slots=True)
+class _CachedPlan:
+    """A built plan and what it was built from, besides its cache key."""
+
+    generation: int  # the registry's
+    toolsets: tuple[tuple[str, Toolset], ...]  # the TOOLSETS entries resolution read
+    probed: tuple[str, ...]  # tools whose availability can change without a new generation (check_fn, env)
+    probed_available: tuple[str, ...]  # those of them that were available
+    plan: ToolPlan
+
+    def holds(self) -> bool:
+        """Whether the plan is still right: same registry generation and toolsets, same availability
+        of the probed tools (asked of the registry, so its check_fn TTL applies as to any caller)."""
+        return (self.generation == registry.generation
+                and all(TOOLSETS.get(name) is ts for name, ts in self.toolsets)
+                and tuple(registry.available(self.probed)) == self.probed_available)
+
+
+_plan_cache: OrderedDict[tuple[Any, ...], _CachedPlan] = OrderedDict()
 _plan_cache_lock = threading.Lock()
 _cache_stats = {"hits": 0, "misses": 0}
 
@@ -335,8 +357,22 @@ def _bridge_definitions() -> list[dict[str, Any]]:
     ]
 
 
-def _build_plan(names: list[str], search: ToolSearchConfig) -> ToolPlan:
+def _build_plan(enabled: tuple[str, ...], disabled: tuple[str, ...], search: ToolSearchConfig) -> _CachedPlan:
+    generation = registry.generation  # read first: a change during the build leaves the entry stale, never wrong
+    all_names = registry.tool_names()
+    disabled_tools, disabled_read = resolve_toolset_traced(disabled, all_names)
+    enabled_tools, enabled_read = resolve_toolset_traced(enabled, all_names)
+    excluded = set(disabled_tools)
+    names = [n for n in enabled_tools if n not in excluded]
+    entries = registry.snapshot()
+    probed = tuple(n for n in names if (e := entries.get(n)) is not None and (e.check_fn or e.requires_env))
     available = registry.available(names)
+    plan = _plan_from(available, search)
+    return _CachedPlan(generation, tuple({**disabled_read, **enabled_read}.items()), probed,
+                       tuple(n for n in probed if n in plan.allowed), plan)
+
+
+def _plan_from(available: list[str], search: ToolSearchConfig) -> ToolPlan:
     defs = registry.get_definitions(available)
     _strip_unavailable_mentions(defs, set(registry.tool_names()) - set(available))
     core = core_tools()
@@ -355,28 +391,27 @@ def get_tool_plan(
     config_fingerprint: str = "",
     tool_search: ToolSearchConfig | None = None,
 ) -> ToolPlan:
-    """The (cached) tool plan for a run; the returned definitions are a private copy."""
+    """The (cached) tool plan for a run: a new list of read-only definitions (see ``ToolPlan``)."""
     search = tool_search or ToolSearchConfig()
     enabled = tuple(sorted(set(enabled_toolsets)))
     disabled = tuple(sorted(set(disabled_toolsets)))
-    all_names = registry.tool_names()
-    disabled_tools = set(resolve_toolset(disabled, all_names))
-    names = [n for n in resolve_toolset(enabled, all_names) if n not in disabled_tools]
-    availability = tuple(registry.available(names))
-    key = (enabled, disabled, registry.generation, config_fingerprint, availability, search)
+    key = (enabled, disabled, config_fingerprint, search)
     with _plan_cache_lock:
-        plan = _plan_cache.get(key)
-        if plan is not None:
+        cached = _plan_cache.get(key)
+        if cached is not None:
             _plan_cache.move_to_end(key)
+    if cached is not None and cached.holds():
+        with _plan_cache_lock:
             _cache_stats["hits"] += 1
-    if plan is None:
-        plan = _build_plan(names, search)
+    else:
+        cached = _build_plan(enabled, disabled, search)
         with _plan_cache_lock:
             _cache_stats["misses"] += 1
-            _plan_cache[key] = plan
+            _plan_cache[key] = cached
             while len(_plan_cache) > _DEFINITION_CACHE_SIZE:
                 _plan_cache.popitem(last=False)
-    return ToolPlan(copy.deepcopy(plan.definitions), plan.allowed, plan.deferred)
+    plan = cached.plan
+    return ToolPlan(list(plan.definitions), plan.allowed, plan.deferred)
 
 
 def get_tool_definitions(
@@ -386,7 +421,7 @@ def get_tool_definitions(
     config_fingerprint: str = "",
     tool_search: ToolSearchConfig | None = None,
 ) -> list[dict[str, Any]]:
-    """OpenAI tool definitions for the toolsets (cached; returns a copy)."""
+    """OpenAI tool definitions for the toolsets (cached; a new list of read-only definitions)."""
     return get_tool_plan(enabled_toolsets, disabled_toolsets, config_fingerprint=config_fingerprint,
                          tool_search=tool_search).definitions
 

@@ -34,7 +34,11 @@ ALL_NAMES = frozenset({"all", "*"})
 
 @dataclass(slots=True)
 class Toolset:
-    """A named set of tools plus the toolsets it includes."""
+    """A named set of tools plus the toolsets it includes.
+
+    Not changed in place once in TOOLSETS: a toolset is replaced (``create_custom_toolset``), which is
+    how cached resolutions (``resolve_toolset_traced``) notice the change.
+    """
 
     description: str
     tools: list[str] = field(default_factory=list)
@@ -73,8 +77,8 @@ class ToolsetError(ValueError):
     """An unknown toolset name or an invalid custom toolset."""
 
 
-def _expand(name: str, tools: list[str], seen_tools: set[str], visited: set[str], stack: tuple[str, ...],
-            toolsets: Mapping[str, Toolset]) -> None:
+def _expand(name: str, tools: list[str], seen_tools: set[str], visited: dict[str, Toolset],
+            stack: tuple[str, ...], toolsets: Mapping[str, Toolset]) -> None:
     if name in stack:
         logger.warning("toolset include cycle ignored: %s", " -> ".join((*stack, name)))
         return
@@ -83,7 +87,7 @@ def _expand(name: str, tools: list[str], seen_tools: set[str], visited: set[str]
     ts = toolsets.get(name)
     if ts is None:
         raise ToolsetError(f"unknown toolset {name!r}; known: {', '.join(sorted(toolsets))}")
-    visited.add(name)
+    visited[name] = ts
     for tool in ts.tools:
         if tool not in seen_tools:
             seen_tools.add(tool)
@@ -99,11 +103,18 @@ def resolve_toolset(names: str | Iterable[str], all_tools: Iterable[str] = (),
     ``all`` / ``*`` stand for every tool in ``all_tools`` (the registry's names).
     Unknown toolset names raise ToolsetError; include cycles are logged and cut.
     """
+    return resolve_toolset_traced(names, all_tools, toolsets)[0]
+
+
+def resolve_toolset_traced(names: str | Iterable[str], all_tools: Iterable[str] = (),
+                           toolsets: Mapping[str, Toolset] | None = None) -> tuple[list[str], dict[str, Toolset]]:
+    """``resolve_toolset``, plus the toolsets it read: the result holds while the table maps each of those
+    names to the same object (and ``all_tools`` is unchanged)."""
     table = TOOLSETS if toolsets is None else toolsets
     requested = [names] if isinstance(names, str) else list(names)
     tools: list[str] = []
     seen: set[str] = set()
-    visited: set[str] = set()
+    visited: dict[str, Toolset] = {}
     for name in requested:
         if name in ALL_NAMES:
             for tool in sorted(all_tools):
@@ -112,7 +123,7 @@ def resolve_toolset(names: str | Iterable[str], all_tools: Iterable[str] = (),
                     tools.append(tool)
             continue
         _expand(name, tools, seen, visited, (), table)
-    return tools
+    return tools, visited
 
 
 def validate_toolset(name: str, toolsets: Mapping[str, Toolset] | None = None) -> bool:

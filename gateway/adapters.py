@@ -1,14 +1,51 @@
-"""Builds the platform adapters that the configuration enables."""
+"""Builds the platform adapters that the configuration enables.
+
+A chat platform's module (and so its library: python-telegram-bot ~22 MiB, discord.py ~8, slack_bolt ~4 of
+resident memory) is imported only when that platform is enabled, so a gateway pays for what it runs.
+"""
 
 from __future__ import annotations
 
-from gateway.config import Config
+from gateway.config import Config, DiscordPlatform, SlackPlatform, TelegramPlatform
 from platforms.base import BasePlatformAdapter
 from platforms.callback import CallbackAdapter, CallbackTarget
-from platforms.discord import DiscordAdapter, DiscordSettings
-from platforms.slack import SlackAdapter, SlackSettings
-from platforms.telegram import TelegramAdapter, TelegramSettings
 from platforms.webhook import WebhookAdapter, WebhookRoute
+
+
+def _telegram(tg: TelegramPlatform, token: str) -> BasePlatformAdapter:
+    from platforms.telegram import TelegramAdapter, TelegramSettings  # heavy optional library: only when enabled
+
+    return TelegramAdapter(TelegramSettings(
+        token=token, base_url=tg.base_url, base_file_url=tg.base_file_url, mode=tg.mode,
+        webhook_url=tg.webhook_url, webhook_secret=tg.webhook_secret.get_secret_value() if tg.webhook_secret
+        else None, webhook_path=tg.webhook_path, poll_timeout=tg.poll_timeout, group_trigger=tg.group_trigger,
+        edited_messages=tg.edited_messages, max_attachment_bytes=tg.max_attachment_bytes,
+        parse_mode=tg.parse_mode, overall_per_second=tg.rate_limit.overall_per_second,
+        group_per_minute=tg.rate_limit.group_per_minute))
+
+
+def _discord(dc: DiscordPlatform, token: str) -> BasePlatformAdapter:
+    from platforms.discord import DiscordAdapter, DiscordSettings  # heavy optional library: only when enabled
+
+    return DiscordAdapter(DiscordSettings(
+        token=token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
+        shard_count=dc.shard_count, shard_ids=tuple(dc.shard_ids) if dc.shard_ids is not None else None,
+        respond_in_guilds=dc.respond_in_guilds, allowed_guilds=frozenset(dc.allowed_guilds),
+        allowed_channels=frozenset(dc.allowed_channels), allow_mentions=dc.allow_mentions,
+        max_ratelimit_timeout=dc.max_ratelimit_timeout, heartbeat_timeout=dc.heartbeat_timeout,
+        guild_ready_timeout=dc.guild_ready_timeout, reconnect_backoff=dc.reconnect_backoff,
+        backfill_window=dc.backfill_window, state_file=dc.state_file))
+
+
+def _slack(sl: SlackPlatform, bot_token: str) -> BasePlatformAdapter:
+    from platforms.slack import SlackAdapter, SlackSettings  # heavy optional library: only when enabled
+
+    return SlackAdapter(SlackSettings(
+        bot_token=bot_token,
+        app_token=sl.app_token.get_secret_value() if sl.app_token else None,
+        signing_secret=sl.signing_secret.get_secret_value() if sl.signing_secret else None,
+        mode=sl.mode, api_base_url=sl.api_base_url, events_path=sl.events_path,
+        slash_command=sl.slash_command, reply_in_thread=sl.reply_in_thread, ping_interval=sl.ping_interval))
 
 
 def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:
@@ -16,31 +53,13 @@ def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:
     adapters: dict[str, BasePlatformAdapter] = {}
     tg = cfg.platforms.telegram
     if tg.enabled and tg.token is not None:
-        adapters["telegram"] = TelegramAdapter(TelegramSettings(
-            token=tg.token.get_secret_value(), base_url=tg.base_url, base_file_url=tg.base_file_url, mode=tg.mode,
-            webhook_url=tg.webhook_url, webhook_secret=tg.webhook_secret.get_secret_value() if tg.webhook_secret
-            else None, webhook_path=tg.webhook_path, poll_timeout=tg.poll_timeout, group_trigger=tg.group_trigger,
-            edited_messages=tg.edited_messages, max_attachment_bytes=tg.max_attachment_bytes,
-            parse_mode=tg.parse_mode, overall_per_second=tg.rate_limit.overall_per_second,
-            group_per_minute=tg.rate_limit.group_per_minute))
+        adapters["telegram"] = _telegram(tg, tg.token.get_secret_value())
     dc = cfg.platforms.discord
     if dc.enabled and dc.token is not None:
-        adapters["discord"] = DiscordAdapter(DiscordSettings(
-            token=dc.token.get_secret_value(), api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
-            shard_count=dc.shard_count, shard_ids=tuple(dc.shard_ids) if dc.shard_ids is not None else None,
-            respond_in_guilds=dc.respond_in_guilds, allowed_guilds=frozenset(dc.allowed_guilds),
-            allowed_channels=frozenset(dc.allowed_channels), allow_mentions=dc.allow_mentions,
-            max_ratelimit_timeout=dc.max_ratelimit_timeout, heartbeat_timeout=dc.heartbeat_timeout,
-            guild_ready_timeout=dc.guild_ready_timeout, reconnect_backoff=dc.reconnect_backoff,
-            backfill_window=dc.backfill_window, state_file=dc.state_file))
+        adapters["discord"] = _discord(dc, dc.token.get_secret_value())
     sl = cfg.platforms.slack
     if sl.enabled and sl.bot_token is not None:
-        adapters["slack"] = SlackAdapter(SlackSettings(
-            bot_token=sl.bot_token.get_secret_value(),
-            app_token=sl.app_token.get_secret_value() if sl.app_token else None,
-            signing_secret=sl.signing_secret.get_secret_value() if sl.signing_secret else None,
-            mode=sl.mode, api_base_url=sl.api_base_url, events_path=sl.events_path,
-            slash_command=sl.slash_command, reply_in_thread=sl.reply_in_thread, ping_interval=sl.ping_interval))
+        adapters["slack"] = _slack(sl, sl.bot_token.get_secret_value())
     wh = cfg.platforms.webhook
     if wh.enabled and wh.routes:
         adapters["webhook"] = WebhookAdapter({

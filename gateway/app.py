@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import model_tools
 from gateway.adapters import build_adapters
@@ -15,7 +15,6 @@ from gateway.config import Config
 from gateway.cron import CronService, StoreCronBackend
 from gateway.http import HttpServer
 from gateway.logs import redactor
-from gateway.mcp_service import McpService
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.router import Router
@@ -55,6 +54,16 @@ def _install_source_toolsets(cfg: Config, plugins: LoadedPlugins) -> list[str]:
     return created
 
 
+class _Mcp(Protocol):
+    """What the gateway uses of ``gateway.mcp_service.McpService``."""
+
+    def readiness(self) -> dict[str, dict[str, Any]]: ...
+
+    def reload(self) -> str: ...
+
+    async def stop(self) -> None: ...
+
+
 class Gateway:
     """One running gateway. ``start()`` then ``stop()``; ``adapters`` may be injected by tests."""
 
@@ -71,9 +80,10 @@ class Gateway:
         self._tool_pool: ThreadPoolExecutor | None = None
         self._watchdog: LoopWatchdog | None = None
         self._client: Any = None
-        self.mcp: McpService | None = None
+        self.mcp: _Mcp | None = None
         self.plugins: LoadedPlugins | None = None
         self._source_toolsets: list[str] = []
+        self._stopped = False
 
     @property
     def port(self) -> int | None:
@@ -88,8 +98,13 @@ class Gateway:
         self.store = await Store.open(cfg.store.url)
         registry.discover_builtin_tools()
         self.plugins = load_plugins(cfg.plugins.dir, entry_points=cfg.plugins.entry_points)
-        self.mcp = McpService(cfg.mcp_servers)
-        self.mcp.start()  # connects in the background: a slow server never delays startup
+        if cfg.mcp_servers:
+            # Imported only when configured: the MCP SDK costs ~18 MiB and 1-3 s of start-up.
+            from gateway.mcp_service import McpService
+
+            mcp = McpService(cfg.mcp_servers)
+            mcp.start()  # connects in the background: a slow server never delays startup
+            self.mcp = mcp
         self._source_toolsets = _install_source_toolsets(cfg, self.plugins)
         configure_web_search(cfg.web.search_url)
         configure_url_safety(cfg.web.allow_private_networks)
@@ -135,7 +150,12 @@ class Gateway:
                        "plugins": {p.name: p.to_dict() for p in self.plugins.statuses} if self.plugins else {}}
 
     async def stop(self, drain_timeout: float | None = None) -> None:
-        """Stop accepting, let running work finish up to the drain timeout, flush the outbox, close."""
+        """Stop accepting, let running work finish up to the drain timeout, flush the outbox, close.
+
+        A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         timeout = self.cfg.gateway.drain_timeout if drain_timeout is None else drain_timeout
         if self.cron is not None:
             await self.cron.stop()

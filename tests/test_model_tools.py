@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import model_tools as mt
-from tools.registry import registry, tool_result
-from toolsets import TOOLSETS, create_custom_toolset
+from tools.registry import CHECK_FN_TTL_SECONDS, registry, tool_result
+from toolsets import TOOLSETS, ToolsetError, create_custom_toolset
 
 
 def _schema(name: str, description: str = "A test tool.", props: dict | None = None) -> dict:
@@ -61,16 +61,104 @@ def test_cache_hit_miss_and_generation_invalidation(scratch: list[str]) -> None:
     assert [d["function"]["name"] for d in second] == ["t_one", "t_two"]
 
 
-def test_cache_keyed_on_config_fingerprint_and_returns_copies(scratch: list[str]) -> None:
+def test_cache_keyed_on_config_fingerprint(scratch: list[str]) -> None:
     _add(scratch, "t_one")
     create_custom_toolset("test-a", "", ["t_one"])
     mt.clear_definition_cache()
-    a = mt.get_tool_definitions(["test-a"], config_fingerprint="cfg1")
-    a[0]["function"]["description"] = "mutated by caller"
-    b = mt.get_tool_definitions(["test-a"], config_fingerprint="cfg1")
-    assert b[0]["function"]["description"] == "A test tool."
+    mt.get_tool_definitions(["test-a"], config_fingerprint="cfg1")
+    mt.get_tool_definitions(["test-a"], config_fingerprint="cfg1")
     mt.get_tool_definitions(["test-a"], config_fingerprint="cfg2")
     assert mt.cache_info() == {"hits": 1, "misses": 2, "size": 2}
+
+
+def test_cache_hit_shares_definitions_but_each_caller_gets_its_own_list(scratch: list[str]) -> None:
+    _add(scratch, "t_one")
+    _add(scratch, "t_two")
+    create_custom_toolset("test-a", "", ["t_one", "t_two"])
+    mt.clear_definition_cache()
+    first = mt.get_tool_plan(["test-a"])
+    first.definitions.clear()
+    first.definitions.append({"type": "function", "function": {"name": "injected"}})
+    second = mt.get_tool_plan(["test-a"])
+    third = mt.get_tool_plan(["test-a"])
+    assert [d["function"]["name"] for d in second.definitions] == ["t_one", "t_two"]
+    assert second.definitions is not third.definitions
+    assert all(a is b for a, b in zip(second.definitions, third.definitions, strict=True))  # not copied
+    assert mt.cache_info()["hits"] == 2
+
+
+def test_replacing_a_toolset_invalidates_plans_that_read_it(scratch: list[str]) -> None:
+    _add(scratch, "t_one")
+    _add(scratch, "t_two")
+    create_custom_toolset("test-a", "", ["t_one"])
+    create_custom_toolset("test-outer", "", [], ["test-a"])
+    assert mt.get_tool_plan(["test-outer"]).allowed == {"t_one"}
+    generation = registry.generation
+    create_custom_toolset("test-a", "", ["t_one", "t_two"])  # an included toolset, no registry change
+    assert registry.generation == generation
+    assert mt.get_tool_plan(["test-outer"]).allowed == {"t_one", "t_two"}
+    del TOOLSETS["test-a"]
+    with pytest.raises(ToolsetError):
+        mt.get_tool_plan(["test-outer"])
+
+
+def test_deregistering_a_tool_invalidates_the_plan(scratch: list[str]) -> None:
+    _add(scratch, "t_one")
+    _add(scratch, "t_two")
+    create_custom_toolset("test-a", "", ["t_one", "t_two"])
+    assert mt.get_tool_plan(["test-a"]).allowed == {"t_one", "t_two"}
+    registry.deregister("t_two")
+    plan = mt.get_tool_plan(["test-a"])
+    assert plan.allowed == {"t_one"} and [d["function"]["name"] for d in plan.definitions] == ["t_one"]
+
+
+@pytest.fixture
+def registry_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """The global registry on a fake clock (``now[0]``); its check_fn answers are forgotten before and after."""
+    now = [1000.0]
+    monkeypatch.setattr(registry, "_clock", lambda: now[0])
+    registry.invalidate_check_fn_cache()
+    yield now
+    registry.invalidate_check_fn_cache()
+
+
+def test_cached_plan_follows_check_fn_answers_once_per_ttl(scratch: list[str], registry_clock: list[float]) -> None:
+    now = registry_clock
+    probes: list[bool] = []
+    state = {"up": True}
+
+    def check() -> bool:
+        probes.append(state["up"])
+        return state["up"]
+
+    _add(scratch, "t_plain")
+    _add(scratch, "t_probed", check_fn=check)
+    create_custom_toolset("test-a", "", ["t_plain", "t_probed"])
+    mt.clear_definition_cache()
+    for _ in range(5):
+        assert mt.get_tool_plan(["test-a"]).allowed == {"t_plain", "t_probed"}
+    state["up"] = False
+    now[0] += CHECK_FN_TTL_SECONDS - 1  # the registry's cached answer still holds
+    assert mt.get_tool_plan(["test-a"]).allowed == {"t_plain", "t_probed"}
+    assert probes == [True]
+    now[0] += 2  # expired: probed again, and the plan follows
+    for _ in range(3):
+        plan = mt.get_tool_plan(["test-a"])
+        assert plan.allowed == {"t_plain"} and [d["function"]["name"] for d in plan.definitions] == ["t_plain"]
+    assert probes == [True, False]
+    assert mt.cache_info() == {"hits": 7, "misses": 2, "size": 1}
+
+
+def test_cached_plan_follows_required_environment_variables(scratch: list[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HERMES_TEST_PLAN_KEY", raising=False)
+    _add(scratch, "t_keyed", requires_env=["HERMES_TEST_PLAN_KEY"])
+    create_custom_toolset("test-a", "", ["t_keyed"])
+    assert mt.get_tool_plan(["test-a"]).allowed == frozenset()
+    monkeypatch.setenv("HERMES_TEST_PLAN_KEY", "set")
+    assert mt.get_tool_plan(["test-a"]).allowed == {"t_keyed"}
+    monkeypatch.delenv("HERMES_TEST_PLAN_KEY")
+    assert mt.get_tool_plan(["test-a"]).allowed == frozenset()
 
 
 def test_cache_bounded_to_eight(scratch: list[str]) -> None:

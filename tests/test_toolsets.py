@@ -13,6 +13,7 @@ from toolsets import (
     ToolsetError,
     create_custom_toolset,
     resolve_toolset,
+    resolve_toolset_traced,
     toolset_for_platform,
     validate_toolset,
 )
@@ -31,6 +32,20 @@ def test_diamond_has_no_duplicates() -> None:
         "base": Toolset("", ["b", "t"]),
     }
     assert resolve_toolset("top", toolsets=table) == ["t", "l", "b", "r"]
+
+
+def test_traced_resolution_reports_every_toolset_it_read() -> None:
+    table = {
+        "top": Toolset("", ["t"], ["left", "right"]),
+        "left": Toolset("", ["l"], ["base"]),
+        "right": Toolset("", ["r"], ["base"]),
+        "base": Toolset("", ["b"]),
+        "unrelated": Toolset("", ["u"]),
+    }
+    tools, read = resolve_toolset_traced(["top", "all"], ["z"], toolsets=table)
+    assert tools == ["t", "l", "b", "r", "z"]
+    assert read.keys() == {"top", "left", "right", "base"}
+    assert all(read[name] is table[name] for name in read)
 
 
 def test_cycle_is_cut_and_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from gateway.sim.model_server import rules, tool_call
 
 
@@ -30,3 +32,22 @@ async def test_invented_tool_names_share_one_metric_label(make_gateway) -> None:
     metrics = h.gateway.metrics.render().decode()
     assert 'hermes_tool_call_seconds_count{tool="(not allowed)"} 1.0' in metrics
     assert "no_such_tool_4f9a" not in metrics
+
+
+async def test_runs_leave_the_shared_tool_definitions_unchanged(make_gateway) -> None:
+    # model_tools hands every run the same cached definition dicts: the agent and the openai SDK only read them.
+    h = await make_gateway({"model": {"stream": True}},
+                           responder=rules((r"plan", tool_call("todo", {"action": "add", "items": ["ship"]}))))
+    executor = h.gateway.router.executor
+    toolsets = (["hermes-telegram"], ["hermes-webhook"])
+    plans = [executor.plan_for(t) for t in toolsets]
+    before = copy.deepcopy([p.definitions for p in plans])
+    await h.chat.user_says("plan the release")  # streamed, with a tool call: two requests with tools
+    await h.chat.wait_for(lambda: any("▍" not in t for t in h.chat.final_texts()))
+    _, body = await h.post_webhook()  # not streamed
+    assert (await h.wait_run(body["run_id"]))["status"] == "completed"
+    after = [executor.plan_for(t) for t in toolsets]
+    for plan, again in zip(plans, after, strict=True):
+        assert all(a is b for a, b in zip(plan.definitions, again.definitions, strict=True))  # the runs' entries
+    assert [p.definitions for p in after] == before
+    assert [r["tools"] for r in h.model.requests] == [before[0], before[0], before[1]]
