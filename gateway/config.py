@@ -307,13 +307,6 @@ class StoreSettings(_Section):
             raise _invalid(f"unsupported database URL scheme {scheme!r}", f"use {_STORE_FORMS}")
         return value
 
-    @property
-    def sqlalchemy_url(self) -> str:
-        """The URL with the async driver SQLAlchemy needs (aiosqlite / asyncpg)."""
-        scheme, _, rest = self.url.partition("://")
-        driver = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}.get(scheme, scheme)
-        return f"{driver}://{rest}"
-
 
 class HttpSettings(_Section):
     """The one HTTP server (health, metrics, webhooks, run lookups)."""

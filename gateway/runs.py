@@ -269,7 +269,9 @@ class RunExecutor:
         adapter = self.adapters.get(target.platform)
         limit, length = (adapter.max_message_length, adapter.length_fn) if adapter else (4000, len)
         chunks = split_message(text, limit, length) or [text]
+        per_run = adapter is not None and not adapter.ordered_per_chat
+        lane = f"{target.platform}:{target.chat_id}:{job.run_id}" if per_run else None
         return [OutboxPart(dedupe_key=f"run:{job.run_id}:{i}", platform=target.platform, chat_id=target.chat_id,
                            text=chunk, thread_id=target.thread_id, reply_to=target.reply_to if i == 0 else None,
                            edit_message_id=preview_id if i == 0 else None, part_index=i, parts_total=len(chunks),
-                           run_id=job.run_id) for i, chunk in enumerate(chunks)]
+                           run_id=job.run_id, lane=lane) for i, chunk in enumerate(chunks)]

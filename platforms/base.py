@@ -199,6 +199,8 @@ class BasePlatformAdapter(abc.ABC):
     max_message_length: ClassVar[int]
     can_edit: ClassVar[bool] = False
     length_fn: ClassVar[Callable[[str], int]] = len
+    ordered_per_chat: ClassVar[bool] = True
+    """Whether parts to one chat id must arrive in order (False: only one run's parts, e.g. HTTP callbacks)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

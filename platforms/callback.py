@@ -33,6 +33,7 @@ class CallbackAdapter(BasePlatformAdapter):
 
     name = "callback"
     max_message_length = 100_000
+    ordered_per_chat = False  # a target receives results of unrelated runs: only a run's parts keep order
 
     def __init__(self, targets: Mapping[str, CallbackTarget]) -> None:
         super().__init__()

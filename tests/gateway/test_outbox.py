@@ -266,6 +266,9 @@ async def test_restart_sends_pending_parts_and_never_resends_sent_ones(store: St
         rows = await _settled(store, sender)
     assert after.delivered("A") == ["run-A:1", "run-A:2"]
     assert after.delivered("B") == ["run-B:0"]
+    in_doubt = {c.delivery_id for c in after.calls if c.metadata.get("in_doubt") == "1"}
+    assert in_doubt == {"run-A:1"}, "only the part that was in flight when the sender died is in doubt"
+    assert rows["run-A:1"].in_doubt == 1 and rows["run-A:2"].in_doubt == 0
     assert after.attempts("run-B:0")[0].at - failed_at >= 0.4, "the retry time survives the restart"
     assert all(r.status == "sent" for r in rows.values())
 
@@ -304,3 +307,23 @@ def test_backoff_honours_the_hint_and_grows_to_a_cap() -> None:
         assert 0.8 * base <= backoff_delay(attempts, None) <= 1.2 * base
         assert 0.8 * base <= backoff_delay(attempts, 0) <= 1.2 * base
     assert backoff_delay(50, None) <= 1.2 * MAX_BACKOFF_SECONDS
+
+
+class _Callback(_Platform):
+    name = "callback"
+    ordered_per_chat = False
+
+
+async def test_parts_of_different_runs_to_one_callback_target_do_not_wait_for_each_other(store: Store) -> None:
+    platform = _Callback()
+    platform.gate["run-1:0"] = asyncio.Event()  # run 1's delivery hangs
+    for run in ("run-1", "run-2"):
+        await store.enqueue([OutboxPart(f"{run}:{i}", "callback", "sink", f"{run} {i}", part_index=i, parts_total=2,
+                                        run_id=run, lane=f"callback:sink:{run}") for i in range(2)])
+    async with _running(store, platform) as sender:
+        await platform.wait_for(lambda: platform.delivered() == ["run-2:0", "run-2:1"])
+        assert "run-1:1" not in platform.entered, "run 1's second part still waits for its first"
+        platform.gate["run-1:0"].set()
+        rows = await _settled(store, sender)
+    assert platform.delivered() == ["run-2:0", "run-2:1", "run-1:0", "run-1:1"]
+    assert all(r.status == "sent" for r in rows.values())

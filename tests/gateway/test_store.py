@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from gateway.store import ChatMessage, NewRun, OutboxPart, RunCompletion, Store, meta_t
+from gateway.store import SCHEMA_VERSION, ChatMessage, NewRun, OutboxPart, RunCompletion, Store, meta_t
 
 KEY = "telegram:dm:100"
 
@@ -187,3 +188,81 @@ async def test_schema_is_created_on_open_and_kept_on_reopen(store_url: str) -> N
 async def test_sqlite_runs_in_wal_mode(store: Store) -> None:
     mode = await store.db.read(lambda conn: conn.execute(sa.text("PRAGMA journal_mode")).scalar_one())
     assert mode == "wal"
+
+
+async def test_only_the_head_of_a_lane_can_be_claimed_and_by_one_sender(store: Store) -> None:
+    a0, a1 = await store.enqueue(_parts("rA", 2))
+    (b0,) = await store.enqueue(_parts("rB", 1, chat_id="200"))
+    assert await store.claim_outbox(a1.id, "p1", 60) is None, "part 1 waits for part 0 of the same chat"
+    claimed = await store.claim_outbox(a0.id, "p1", 60)
+    assert claimed is not None and claimed.in_doubt == 0
+    assert await store.claim_outbox(a0.id, "p2", 60) is None, "a live claim is exclusive"
+    assert await store.claim_outbox(a0.id, "p1", 60) is not None, "the holder may claim again"
+    assert await store.claim_outbox(b0.id, "p2", 60) is not None, "other chats are independent"
+    await store.mark_sent(a0.id, "m1")
+    assert await store.claim_outbox(a0.id, "p1", 60) is None, "a sent part is never claimed again"
+    assert (await store.claim_outbox(a1.id, "p2", 60)).in_doubt == 0
+
+
+async def test_a_claim_left_by_a_dead_sender_is_taken_over_in_doubt(store: Store) -> None:
+    (part,) = await store.enqueue(_parts("rA", 1))
+    await store.claim_outbox(part.id, "dead", 60)
+    assert await store.claim_outbox(part.id, "alive", 60) is None
+    assert await store.abandon_claims("alive") == 1
+    taken = await store.claim_outbox(part.id, "alive", 60)
+    assert taken is not None and taken.in_doubt == 1
+    await store.mark_retry(taken.id, time.time(), "timeout")
+    again = await store.claim_outbox(part.id, "alive", 60)
+    assert again is not None and again.in_doubt == 1, "a recorded failure is not a new doubt"
+    (expiring,) = await store.enqueue(_parts("rB", 1, chat_id="300"))
+    await store.claim_outbox(expiring.id, "dead", 0.01)
+    await asyncio.sleep(0.05)
+    assert (await store.claim_outbox(expiring.id, "alive", 60)).in_doubt == 1, "an expired claim is taken over"
+
+
+async def test_parts_with_their_own_lane_do_not_wait_for_the_chat(store: Store) -> None:
+    first = [OutboxPart(f"run:r1:{i}", "callback", "sink", f"r1 {i}", part_index=i, parts_total=2, run_id="r1",
+                        lane="callback:sink:r1") for i in range(2)]
+    second = [OutboxPart("run:r2:0", "callback", "sink", "r2", run_id="r2", lane="callback:sink:r2")]
+    r1_0, r1_1 = await store.enqueue(first)
+    (r2_0,) = await store.enqueue(second)
+    assert await store.claim_outbox(r1_0.id, "p", 60) is not None
+    assert await store.claim_outbox(r2_0.id, "p", 60) is not None, "another run's lane is free"
+    assert await store.claim_outbox(r1_1.id, "p", 60) is None, "but a run's own parts keep their order"
+
+
+async def test_concurrent_starts_migrate_once(store_url: str) -> None:
+    stores = await asyncio.wait_for(asyncio.gather(*(Store.open(store_url) for _ in range(4))), 30)
+    try:
+        versions = await stores[0].db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalars().all())
+        assert versions == [str(SCHEMA_VERSION)]
+        await asyncio.gather(*(_accept_run(s, f"telegram:{i}") for i, s in enumerate(stores)))
+        assert await stores[1].count_inbox() == 4
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None:
+    first = await Store.open(store_url)
+    (old,) = await first.enqueue(_parts("rA", 1))
+    _, run_id = await _accept_run(first, "telegram:1")
+
+    def back_to_v1(conn: Connection) -> None:
+        conn.exec_driver_sql("DROP INDEX ix_outbox_lane")
+        for column in ("lane", "claimed_by", "claim_until", "in_doubt"):
+            conn.exec_driver_sql(f"ALTER TABLE outbox DROP COLUMN {column}")
+        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="1"))
+
+    await first.db.write(back_to_v1)
+    await first.close()
+    upgraded = await Store.open(store_url)
+    try:
+        (row,) = await upgraded.outbox_rows()
+        assert (row.id, row.lane, row.in_doubt, row.text) == (old.id, "telegram:100", 0, "part 0")
+        assert (await upgraded.get_run(run_id)).prompt == "hi"
+        assert (await upgraded.claim_outbox(row.id, "p", 60)) is not None
+        version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
+        assert version == str(SCHEMA_VERSION)
+    finally:
+        await upgraded.close()

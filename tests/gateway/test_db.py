@@ -1,0 +1,110 @@
+"""The unit-of-work runner: SQLite group commit, error isolation inside a batch, cancellation, close."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gateway.db import Database, SqliteDatabase, normalize_url
+
+_meta = sa.MetaData()
+_items = sa.Table("items", _meta, sa.Column("id", sa.Integer, primary_key=True), sa.Column("v", sa.String(32)))
+
+
+@pytest.fixture
+async def db(store_url: str) -> AsyncIterator[Database]:
+    """A database with one table, on SQLite and on PostgreSQL."""
+    database = Database.connect(store_url)
+    await database.write(_meta.create_all)
+    yield database
+    await database.close()
+
+
+def _insert(item_id: int) -> object:
+    return lambda conn: conn.execute(_items.insert().values(id=item_id, v=str(item_id))).rowcount
+
+
+async def _ids(database: Database) -> list[int]:
+    return await database.read(lambda conn: [r.id for r in conn.execute(sa.select(_items.c.id).order_by("id"))])
+
+
+async def test_a_failing_unit_rolls_back_alone(db: Database) -> None:
+    def half_then_fail(conn: Connection) -> None:
+        conn.execute(_items.insert().values(id=1000, v="half"))
+        raise ValueError("boom")
+
+    works = [_insert(i) for i in range(20)]
+    works.insert(7, half_then_fail)
+    works.insert(12, _insert(3))  # a duplicate primary key: one of the two inserts of id 3 fails
+    results = await asyncio.gather(*(db.write(w) for w in works), return_exceptions=True)
+    assert isinstance(results[7], ValueError)
+    assert sorted(type(r).__name__ for r in (results[3], results[12])) == ["IntegrityError", "int"]
+    assert [r for i, r in enumerate(results) if i not in (3, 7, 12)] == [1] * 19
+    assert await _ids(db) == list(range(20)), "every other unit committed; the failing one left nothing"
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_sqlite_batches_concurrent_units_into_few_transactions(db: Database) -> None:
+    assert isinstance(db, SqliteDatabase)
+    commits = 0
+
+    def count(_conn: object) -> None:
+        nonlocal commits
+        commits += 1
+
+    sa.event.listen(db.engine, "commit", count)
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(db.write(lambda conn: gate.wait(5)))
+    await asyncio.sleep(0.05)  # the worker thread is inside the blocker's transaction
+    writes = [asyncio.ensure_future(db.write(_insert(i))) for i in range(50)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    await blocker
+    assert await asyncio.gather(*writes) == [1] * 50
+    assert commits <= 3, f"50 queued units should share a commit or two, got {commits}"
+    assert len(await _ids(db)) == 50
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_sqlite_skips_work_cancelled_before_it_ran_and_close_drains_the_rest(db: Database) -> None:
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(db.write(lambda conn: gate.wait(5)))
+    await asyncio.sleep(0.05)
+    cancelled = asyncio.ensure_future(db.write(_insert(1)))
+    kept = asyncio.ensure_future(db.write(_insert(2)))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    gate.set()
+    await blocker
+    assert await kept == 1
+    assert await _ids(db) == [2]
+    queued = asyncio.ensure_future(db.write(_insert(3)))
+    await asyncio.sleep(0)  # submitted
+    await db.close()
+    assert await queued == 1, "close() finishes the work already queued"
+    with pytest.raises(RuntimeError, match="closed"):
+        await db.write(_insert(4))
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_sqlite_reads_see_committed_writes_of_another_connection(store_url: str, db: Database) -> None:
+    other = Database.connect(store_url)
+    try:
+        await other.write(_insert(5))
+        assert await _ids(db) == [5]
+    finally:
+        await other.close()
+
+
+def test_url_forms(tmp_path: Path) -> None:
+    assert normalize_url("postgresql://u:p@h/db") == "postgresql+asyncpg://u:p@h/db"
+    assert normalize_url("postgres://u:p@h/db") == "postgresql+asyncpg://u:p@h/db"
+    assert normalize_url("sqlite+aiosqlite:///x.db") == "sqlite:///x.db"
+    with pytest.raises(ValueError, match="unsupported store URL 'mysql'"):
+        Database.connect("mysql://u:p@h/db")
