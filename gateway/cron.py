@@ -356,7 +356,8 @@ class CronService:
                 f"{job.consecutive_failures} runs failed. Last error: {reason[:300]}\n"
                 f"Resume it with /cron resume {job.id} once the problem is fixed.")
         stored = await self.store.enqueue([OutboxPart(f"cron:paused:{job.id}:{run_id}", job.origin_platform,
-                                                      job.origin_chat_id, text, job.origin_thread_id)])
+                                                      job.origin_chat_id, text, job.origin_thread_id)],
+                                          claim=self.outbox.claim)
         self.outbox.submit(stored or [])
         logger.warning("cron job %s paused after %d consecutive failures", job.id, job.consecutive_failures)
 

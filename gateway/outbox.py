@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 
 from gateway.metrics import Metrics
-from gateway.store import OutboxRow, Store
+from gateway.store import Claim, OutboxRow, Store
 from platforms.base import BasePlatformAdapter, SendResult
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,11 @@ class OutboxSender:
         # the part was marked may still list it) or held by another sender. Pruned on every scan.
         self._skip: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def claim(self) -> Claim:
+        """This sender's claim, for the transaction that stores new parts (saves claiming them again)."""
+        return Claim(self.owner, CLAIM_TTL_SECONDS)
 
     def submit(self, rows: Iterable[OutboxRow]) -> None:
         """Send these stored parts (each once, in id order within its lane)."""
@@ -147,15 +152,21 @@ class OutboxSender:
                 if wait > 0:
                     await asyncio.sleep(wait)
                     continue  # an earlier part may have arrived meanwhile
-                claimed = await self.store.claim_outbox(row.id, self.owner, CLAIM_TTL_SECONDS)
-                if claimed is None:  # sent already, held by another sender, or an earlier part is unknown here
-                    self._done(lane, row, self.clock() + _SKIP_SECONDS)
+                held = row.claimed_by == self.owner and (row.claim_until or 0.0) > self.clock() + 1.0
+                claimed = row if held else await self.store.claim_outbox(row.id, self.owner, CLAIM_TTL_SECONDS)
+                if claimed is None:
+                    # Sent already, held by another sender, or an earlier part of the lane is unknown here:
+                    # forget the lane's parts (a scan brings back what is still pending, in order).
+                    until = self.clock() + _SKIP_SECONDS
+                    for dropped in list(lane):
+                        self._done(lane, dropped, until)
                     self.wake()
-                    continue
+                    break
                 if await self._send_one(claimed):
                     self._done(lane, row, float("inf"))
-                else:
+                else:  # a retry: the store released the claim
                     row.attempts, row.next_attempt_at = claimed.attempts + 1, claimed.next_attempt_at
+                    row.claimed_by = row.claim_until = None
         finally:
             for row in lane:
                 self._queued.discard(row.id)

@@ -146,7 +146,8 @@ class Router:
     async def _notify(self, event: MessageEvent, kind: str, text: str) -> None:
         """Send a gateway notice to the event's chat (not part of any run)."""
         stored = await self.store.enqueue([OutboxPart(f"{kind}:{event.dedupe_key}", event.platform, event.chat_id,
-                                                      text, event.thread_id, event.message_id)])
+                                                      text, event.thread_id, event.message_id)],
+                                        claim=self.outbox.claim)
         self.outbox.submit(stored or [])
 
     async def _offer_pairing(self, event: MessageEvent) -> None:
@@ -217,7 +218,7 @@ class Router:
         stored = await self.store.enqueue([
             OutboxPart(f"cmd:{event.dedupe_key}:{i}", event.platform, event.chat_id, text, event.thread_id,
                        event.message_id if i == 0 else None, part_index=i, parts_total=len(parts))
-            for i, text in enumerate(parts)], inbox_id=inbox_id)
+            for i, text in enumerate(parts)], inbox_id=inbox_id, claim=self.outbox.claim)
         self.outbox.submit(stored or [])
 
     async def reset_session(self, session_key: str) -> None:

@@ -255,7 +255,7 @@ class RunExecutor:
             deliver = await self.cron_hook.should_deliver(job, done)
         if deliver and done.result is not None:
             done.deliveries = self._parts(job, done.result, preview.message_id if preview else None)
-        stored = await self.store.finish_run(done)
+        stored = await self.store.finish_run(done, self.outbox.claim)
         if stored is not None:
             self.outbox.submit(stored)
             self.metrics.runs.labels(job.kind, done.status).inc()

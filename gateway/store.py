@@ -280,6 +280,8 @@ class OutboxRow:
     last_error: str | None
     lane: str
     in_doubt: int = 0
+    claimed_by: str | None = None
+    claim_until: float | None = None
 
 
 @dataclass(slots=True)
@@ -361,6 +363,11 @@ _OUTBOX_CLAIM = (
                 (sa.and_(outbox_t.c.claimed_by.is_not(None), outbox_t.c.claimed_by != sa.bindparam("b_owner")), 1),
                 else_=0))
     .returning(*outbox_t.c))
+_LANE_HAS_EARLIER = (sa.select(outbox_t.c.id).where(outbox_t.c.lane == sa.bindparam("b_lane"),
+                                                   outbox_t.c.status == "pending",
+                                                   outbox_t.c.id < sa.bindparam("b_id")).limit(1))
+_OUTBOX_TAKE = (outbox_t.update().where(outbox_t.c.id.in_(sa.bindparam("b_ids", expanding=True)))
+                .values(claimed_by=sa.bindparam("b_owner"), claim_until=sa.bindparam("b_until")))
 _OUTBOX_ABANDON = (outbox_t.update().where(outbox_t.c.status == "pending", outbox_t.c.claimed_by.is_not(None),
                                            outbox_t.c.claimed_by != sa.bindparam("b_owner"))
                    .values(claim_until=0.0))
@@ -420,6 +427,30 @@ def _outbox_values(parts: Sequence[OutboxPart], now: float) -> list[dict[str, An
              "in_doubt": 0} for p in parts]
 
 
+def _store_parts(conn: Connection, parts: Sequence[OutboxPart], now: float, claim: Claim | None,
+                 skip_existing: bool) -> list[OutboxRow]:
+    """Insert parts (``skip_existing``: leave out dedupe keys stored before); with ``claim``, the new
+    parts of each lane are claimed for their sender at once when nothing earlier waits in that lane."""
+    values = _outbox_values(parts, now)
+    if skip_existing:
+        insert = insert_ignoring_conflicts(conn.dialect.name, outbox_t, "dedupe_key")
+        rows = [r for r in (conn.execute(insert, v).first() for v in values) if r is not None]
+    else:
+        rows = list(conn.execute(_OUTBOX_INSERT, values)) if values else []
+    stored = [_outbox_row(r) for r in rows]
+    if claim is not None:
+        lanes: dict[str, list[OutboxRow]] = {}
+        for row in stored:
+            lanes.setdefault(row.lane, []).append(row)
+        for lane, lane_rows in lanes.items():
+            if conn.execute(_LANE_HAS_EARLIER, {"b_lane": lane, "b_id": lane_rows[0].id}).first() is None:
+                conn.execute(_OUTBOX_TAKE, {"b_ids": [r.id for r in lane_rows], "b_owner": claim.owner,
+                                            "b_until": now + claim.ttl})
+                for row in lane_rows:
+                    row.claimed_by, row.claim_until = claim.owner, now + claim.ttl
+    return stored
+
+
 def _append_messages(conn: Connection, key: str | None, epoch: int | None, messages: Sequence[ChatMessage],
                      run_id: str | None, now: float) -> None:
     if not messages or key is None or epoch is None:
@@ -444,6 +475,14 @@ def _history(conn: Connection, key: str, epoch: int, limit: int) -> list[ChatMes
     rows = conn.execute(_HISTORY, {"b_key": key, "b_epoch": epoch, "b_limit": limit}).all()
     return [ChatMessage(r.role, r.content, json.loads(r.tool_calls) if r.tool_calls else None, r.tool_call_id)
             for r in reversed(rows)]
+
+
+@dataclass(slots=True, frozen=True)
+class Claim:
+    """A sender taking parts for ``ttl`` seconds (``owner`` names the process)."""
+
+    owner: str
+    ttl: float
 
 
 @dataclass(slots=True)
@@ -549,8 +588,9 @@ class Store:
 
         return await self.db.write(work)
 
-    async def finish_run(self, done: RunCompletion) -> list[OutboxRow] | None:
-        """Record a run's end atomically: status, transcript, inbox state and deliveries.
+    async def finish_run(self, done: RunCompletion, claim: Claim | None = None) -> list[OutboxRow] | None:
+        """Record a run's end atomically: status, transcript, inbox state and deliveries (claimed for
+        ``claim``'s sender when they are first in their lane).
 
         Returns the deliveries as stored, or None (writing nothing) when the run had already
         finished, so a resumed run can never deliver twice.
@@ -566,9 +606,7 @@ class Store:
             if done.inbox_id is not None:
                 conn.execute(_INBOX_STATUS, {"b_id": done.inbox_id, "b_status": "done", "b_now": now})
             _append_messages(conn, done.session_key, done.epoch, done.transcript, done.run_id, now)
-            if not done.deliveries:
-                return []
-            return [_outbox_row(r) for r in conn.execute(_OUTBOX_INSERT, _outbox_values(done.deliveries, now))]
+            return _store_parts(conn, done.deliveries, now, claim, skip_existing=False)
 
         return await self.db.write(work)
 
@@ -614,7 +652,8 @@ class Store:
 
     # -- outbox ----------------------------------------------------------
 
-    async def enqueue(self, parts: Sequence[OutboxPart], inbox_id: int | None = None) -> list[OutboxRow] | None:
+    async def enqueue(self, parts: Sequence[OutboxPart], inbox_id: int | None = None,
+                      claim: Claim | None = None) -> list[OutboxRow] | None:
         """Persist deliveries outside a run (command replies), closing the inbox event in the same step.
 
         Returns the parts as stored, or None when they were already enqueued (a replayed event).
@@ -624,9 +663,7 @@ class Store:
         def work(conn: Connection) -> list[OutboxRow] | None:
             if inbox_id is not None:
                 conn.execute(_INBOX_STATUS, {"b_id": inbox_id, "b_status": "done", "b_now": now})
-            insert = insert_ignoring_conflicts(conn.dialect.name, outbox_t, "dedupe_key")
-            rows = [conn.execute(insert, values).first() for values in _outbox_values(parts, now)]
-            return [_outbox_row(r) for r in rows if r is not None] if any(rows) else None
+            return _store_parts(conn, parts, now, claim, skip_existing=True) or None
 
         return await self.db.write(work)
 
@@ -688,7 +725,7 @@ def _run_row(r: Any) -> RunRow:
 def _outbox_row(r: Any) -> OutboxRow:
     return OutboxRow(r.id, r.dedupe_key, r.run_id, r.platform, r.chat_id, r.thread_id, r.reply_to, r.edit_message_id,
                      r.part_index, r.parts_total, r.text, r.status, r.attempts, r.next_attempt_at,
-                     r.platform_message_id, r.last_error, r.lane, r.in_doubt)
+                     r.platform_message_id, r.last_error, r.lane, r.in_doubt, r.claimed_by, r.claim_until)
 
 
 class ToolStateStore:

@@ -530,6 +530,15 @@ class DiscordSimulator:
             conn._queue.put_nowait({"op": 9, "d": resumable})
         return len(affected)
 
+    def expire_detached_sessions(self) -> int:
+        """End every session no open connection belongs to (a client that died and will not RESUME), as
+        Discord does once its resume window passes; their events stop being logged. Returns how many ended."""
+        detached = [s for s in self._sessions.values() if s.valid and (s.conn is None or not s.conn.open)]
+        for session in detached:
+            session.valid = False
+            session.log.clear()
+        return len(detached)
+
     def reject_identify(self, n: int = 1) -> None:
         """Answer the next ``n`` IDENTIFYs with op 9 INVALID SESSION (not resumable) instead of READY."""
         self._identify_rejections += n

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gateway.store import SCHEMA_VERSION, ChatMessage, NewRun, OutboxPart, RunCompletion, Store, meta_t
+from gateway.store import SCHEMA_VERSION, ChatMessage, Claim, NewRun, OutboxPart, RunCompletion, Store, meta_t
 
 KEY = "telegram:dm:100"
 
@@ -266,3 +266,14 @@ async def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None
         assert version == str(SCHEMA_VERSION)
     finally:
         await upgraded.close()
+
+
+async def test_new_parts_are_claimed_for_their_sender_only_when_first_in_their_lane(store: Store) -> None:
+    inbox_id, run_id = await _accept_run(store, "telegram:1")
+    stored = await store.finish_run(RunCompletion(run_id, inbox_id, "completed", deliveries=_parts(run_id, 2)),
+                                    Claim("me", 60))
+    assert [(r.claimed_by, r.part_index) for r in stored] == [("me", 0), ("me", 1)]
+    assert await store.claim_outbox(stored[0].id, "other", 60) is None, "the claim is in the store too"
+    later = await store.enqueue(_parts("later", 1), claim=Claim("me", 60))
+    assert later[0].claimed_by is None, "an earlier part of the chat is still pending: claimed when its turn comes"
+    assert await store.enqueue(_parts("later", 1), claim=Claim("me", 60)) is None
