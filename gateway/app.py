@@ -12,6 +12,7 @@ import model_tools
 from gateway.adapters import build_adapters
 from gateway.agent import Agent, build_client
 from gateway.config import Config
+from gateway.coordination import Coordinator
 from gateway.cron import CronService, StoreCronBackend
 from gateway.http import HttpServer
 from gateway.logs import redactor
@@ -84,6 +85,10 @@ class Gateway:
         self.plugins: LoadedPlugins | None = None
         self._source_toolsets: list[str] = []
         self._stopped = False
+        self.coordinator: Coordinator = Coordinator.for_store(cfg.store.url)
+        self._leadership_changed = asyncio.Event()
+        self._leadership_task: asyncio.Task[None] | None = None
+        self._cron_running = False
 
     @property
     def port(self) -> int | None:
@@ -96,6 +101,9 @@ class Gateway:
         redactor.add(cfg.secret_values())
         model_tools.register_hook("transform_tool_result", _redact_tool_result)
         self.store = await Store.open(cfg.store.url)
+        coordinator = self.coordinator
+        coordinator.on_leadership = lambda _leader: self._leadership_changed.set()
+        await coordinator.start()
         registry.discover_builtin_tools()
         self.plugins = load_plugins(cfg.plugins.dir, entry_points=cfg.plugins.entry_points)
         if cfg.mcp_servers:
@@ -115,9 +123,11 @@ class Gateway:
         self.adapters = {**build_adapters(cfg), **self._extra_adapters}
         for adapter in self.adapters.values():
             adapter.on_rejected = lambda platform, reason: self.metrics.events.labels(platform, reason).inc()
-        self.outbox = OutboxSender(self.store, self.adapters, self.metrics)
+        self.outbox = OutboxSender(self.store, self.adapters, self.metrics, coordinator.replica_id,
+                                   sole_sender=coordinator.sole, live_senders=coordinator.live_replicas)
         executor = RunExecutor(cfg, self.store, agent, self.adapters, self.outbox, self.metrics)
-        self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics)
+        self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics, coordinator)
+        coordinator.on_locks_lost = self.router.locks_lost
         self.cron = CronService(cfg, self.store, self.router.on_message, self.outbox, self.adapters, self.metrics)
         executor.cron_hook = self.router.cron = self.cron
         self.router.mcp = self.mcp
@@ -134,11 +144,26 @@ class Gateway:
             except Exception as exc:  # one broken platform never stops the others
                 logger.error("platform %s failed to start: %s", name, exc)
         await self.router.resume()
-        await self.cron.start()
+        self._leadership_changed.set()
+        self._leadership_task = asyncio.create_task(self._follow_leadership(), name="leadership")
         self.outbox.start()
         self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
         self._watchdog.start()
         logger.info("gateway started: platforms=%s http=%s:%s", ",".join(self.adapters), cfg.http.host, self.port)
+
+    async def _follow_leadership(self) -> None:
+        """Run what only the leader runs (the cron scheduler) while this replica leads."""
+        while True:
+            await self._leadership_changed.wait()
+            self._leadership_changed.clear()
+            leader = self.coordinator.is_leader
+            self.metrics.leader.set(int(leader))
+            try:
+                if self.cron is not None and leader != self._cron_running:
+                    await (self.cron.start() if leader else self.cron.stop())
+                    self._cron_running = leader
+            except Exception:
+                logger.exception("following a leadership change failed")
 
     async def _readiness(self) -> tuple[bool, dict[str, Any]]:
         store_ok = self.store is not None and await self.store.ping()
@@ -146,6 +171,7 @@ class Gateway:
         ready = store_ok and all(a.state == AdapterState.CONNECTED for a in self.adapters.values())
         # Tool sources are detail only: a dead MCP server or a broken plugin never makes the gateway unready.
         return ready, {"store": "ok" if store_ok else "unreachable", "platforms": platforms,
+                       "coordination": self.coordinator.status(),
                        "mcp": self.mcp.readiness() if self.mcp else {},
                        "plugins": {p.name: p.to_dict() for p in self.plugins.statuses} if self.plugins else {}}
 
@@ -157,10 +183,14 @@ class Gateway:
             return
         self._stopped = True
         timeout = self.cfg.gateway.drain_timeout if drain_timeout is None else drain_timeout
-        if self.cron is not None:
+        if self._leadership_task is not None:
+            self._leadership_task.cancel()
+            await asyncio.gather(self._leadership_task, return_exceptions=True)
+        if self.cron is not None and self._cron_running:
             await self.cron.stop()
         if self.router is not None:
             self.router.closing = True  # new events are refused, so platforms redeliver them later
+            await self.router.stop_sweeping()
             if not await self.router.lanes.wait_idle(timeout):
                 logger.warning("drain timeout: unfinished runs will resume on the next start")
             await self.router.lanes.shutdown()
@@ -183,6 +213,7 @@ class Gateway:
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.close()
+        await self.coordinator.stop()
         if self.store is not None:
             await self.store.close()
         configure_web_search(None)  # the tool settings are process-wide: leave them as we found them

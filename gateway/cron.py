@@ -142,6 +142,7 @@ class CronService:
     async def start(self) -> None:
         """Load the jobs, handle what was missed while down, and start firing."""
         started = asyncio.get_running_loop().time()
+        self._scheduler = AsyncIOScheduler(timezone=UTC)  # a fresh one each time this replica starts leading
         now = self.clock()
         for job in await self.jobs.list():
             self._cache[job.id] = job

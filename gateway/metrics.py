@@ -27,6 +27,8 @@ class Metrics:
         self.outbox_depth = Gauge("hermes_outbox_depth", "Undelivered message parts", registry=r)
         self.deliveries = Counter("hermes_deliveries_total", "Delivery attempts by platform and outcome",
                                   ["platform", "outcome"], registry=r)
+        self.leader = Gauge("hermes_leader", "1 while this replica is the elected leader (always 1 on SQLite)",
+                            registry=r)
         self.runs_in_flight = Gauge("hermes_runs_in_flight", "Runs executing now", ["kind"], registry=r)
         self.loop_lag = Gauge("hermes_event_loop_lag_seconds", "Main event loop lag (last sample)", registry=r)
         self.loop_lag_max = Gauge("hermes_event_loop_lag_max_seconds", "Largest main loop lag since start",

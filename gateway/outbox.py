@@ -23,7 +23,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from gateway.metrics import Metrics
 from gateway.store import Claim, OutboxRow, Store
@@ -49,17 +49,20 @@ class OutboxSender:
     """Sends outbox parts, one task per lane with work.
 
     ``owner`` names this process in claims. ``sole_sender``: no other gateway shares the database,
-    so claims found at start belong to dead incarnations and are taken over at once.
+    so claims found at start belong to dead incarnations and are taken over at once; otherwise
+    ``live_senders`` tells which owners are alive, and the claims of the others are taken over.
     """
 
     def __init__(self, store: Store, adapters: Mapping[str, BasePlatformAdapter], metrics: Metrics,
-                 owner: str | None = None, *, sole_sender: bool = True, clock: Callable[[], float] = time.time,
-                 scan_interval: float = SCAN_INTERVAL_SECONDS) -> None:
+                 owner: str | None = None, *, sole_sender: bool = True,
+                 live_senders: Callable[[], Awaitable[set[str] | None]] | None = None,
+                 clock: Callable[[], float] = time.time, scan_interval: float = SCAN_INTERVAL_SECONDS) -> None:
         self.store = store
         self.adapters = adapters
         self.metrics = metrics
         self.owner = owner or uuid.uuid4().hex[:16]
         self.sole_sender = sole_sender
+        self.live_senders = live_senders
         self.clock = clock
         self.scan_interval = scan_interval
         self._wake = asyncio.Event()
@@ -138,6 +141,9 @@ class OutboxSender:
                     await self._wake.wait()
 
     async def _scan(self) -> None:
+        live = await self.live_senders() if not self.sole_sender and self.live_senders is not None else None
+        if live and (expired := await self.store.expire_claims(live)):
+            logger.warning("took over %d outbox parts a dead replica was sending (marked in doubt)", expired)
         rows = await self.store.pending_outbox()
         self.metrics.outbox_depth.set(len(rows))
         pending = {row.id for row in rows}

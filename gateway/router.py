@@ -3,10 +3,17 @@
 ``on_message`` is the callback every adapter gets. It returns once the event is
 durably in the inbox (or was a duplicate), so the adapter may acknowledge it to
 the platform; the work itself happens afterwards, one item at a time per session.
+
+With several replicas on one database (``Coordinator.sole`` is false) the inbox is the
+session's queue: whichever replica holds the session's lock runs its events oldest first,
+whichever replica accepted them; a sweep picks up events nobody is running (their
+replica died, or they arrived while another replica was finishing the session).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -16,6 +23,7 @@ from typing import Any
 from gateway.auth import SIGNED_PLATFORMS, Authorizer, Decision
 from gateway.commands import CommandContext, CronControl, McpControl, parse_command, run_command
 from gateway.config import Config
+from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.limits import InboundLimiter
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
@@ -28,6 +36,9 @@ from toolsets import toolset_for_platform
 
 logger = logging.getLogger(__name__)
 
+
+SWEEP_INTERVAL_SECONDS = 2.0
+SWEEP_AGE_SECONDS = 2.0  # events younger than this are being started by the replica that accepted them
 
 RATE_LIMIT_NOTICE = "You're sending messages faster than I can answer. I'll skip a few; please slow down a little."
 PAIRING_NOTICE = ("Hi! This bot only talks to people its operator approved. To request access, send the operator "
@@ -56,13 +67,17 @@ class Router:
     """Routes accepted events to commands and runs; implements ``CommandHost``."""
 
     def __init__(self, cfg: Config, store: Store, executor: RunExecutor, outbox: OutboxSender,
-                 adapters: Mapping[str, BasePlatformAdapter], metrics: Metrics) -> None:
+                 adapters: Mapping[str, BasePlatformAdapter], metrics: Metrics,
+                 coordinator: Coordinator | None = None) -> None:
         self.cfg = cfg
         self.store = store
         self.executor = executor
         self.outbox = outbox
         self.adapters = adapters
         self.metrics = metrics
+        self.coordinator = coordinator or LocalCoordinator()
+        self._driving: set[str] = set()  # sessions this replica is running from the inbox (shared database)
+        self._sweeper: asyncio.Task[None] | None = None
         self.pairing = PairingStore(store, cfg.auth.pairing_code_ttl_seconds, cfg.auth.max_pending_codes)
         self.auth = Authorizer(cfg.auth, self.pairing)
         self.limiter = InboundLimiter(cfg.limits)
@@ -130,7 +145,7 @@ class Router:
             acc = await self.store.accept(event.dedupe_key, event.platform, "command", key,
                                           {"event": event.to_dict()})
             if not acc.duplicate:
-                await self._handle_command(acc.inbox_id, key, event)
+                await self._command_once(acc.inbox_id, key, event)
         else:
             run_id = uuid.uuid4().hex
             run, payload = self._new_run(event, run_id)
@@ -170,6 +185,9 @@ class Router:
     def _submit(self, job: RunJob) -> None:
         if self.cfg.gateway.busy == "interrupt" and job.kind == "chat":
             self.stop_session(job.session_key)
+        if not self.coordinator.sole:
+            self._drive_soon(job.session_key)
+            return
 
         async def work() -> None:
             self._running[job.session_key] = job.run_id
@@ -181,26 +199,117 @@ class Router:
         self.lanes.submit(job.session_key, work)
 
     async def resume(self) -> int:
-        """Re-queue every accepted event that did not finish (after a crash or restart)."""
+        """Re-queue every accepted event that did not finish (after a crash or restart); with a shared
+        database, take part in running what nobody runs (now and every few seconds)."""
+        if not self.coordinator.sole:
+            count = await self.sweep(before=time.time())
+            self._sweeper = asyncio.create_task(self._sweep_loop(), name="inbox-sweep")
+            return count
         rows = await self.store.unfinished_inbox()
         for row in rows:
-            await self._resume_one(row)
+            if row.kind == "command":
+                await self._resume_command(row)
+            else:
+                self._submit(self._job(row))
         if rows:
             logger.info("resumed %d unfinished events", len(rows))
         return len(rows)
 
-    async def _resume_one(self, row: InboxRow) -> None:
-        event = MessageEvent.from_dict(row.payload["event"])
-        if row.kind == "command":
-            cmd = parse_command(event.text, self._bot_username(event.platform))
-            if cmd is not None:
-                await self._handle_command(row.id, row.session_key, event)
-            else:
-                await self.store.set_inbox_status(row.id, "done")
-            return
+    @staticmethod
+    def _job(row: InboxRow) -> RunJob:
         p = row.payload
-        self._submit(RunJob(row.id, row.run_id or uuid.uuid4().hex, p["kind"], p["source"], row.session_key, event,
-                            list(p["toolsets"]), Target.from_dict(p["target"]), bool(p["history"])))
+        return RunJob(row.id, row.run_id or uuid.uuid4().hex, p["kind"], p["source"], row.session_key,
+                      MessageEvent.from_dict(p["event"]), list(p["toolsets"]), Target.from_dict(p["target"]),
+                      bool(p["history"]))
+
+    async def _resume_command(self, row: InboxRow) -> None:
+        event = MessageEvent.from_dict(row.payload["event"])
+        if parse_command(event.text, self._bot_username(event.platform)) is None:
+            await self.store.set_inbox_status(row.id, "done")
+        else:
+            await self._handle_command(row.id, row.session_key, event)
+
+    # -- several replicas on one database ----------------------------------
+
+    def _drive_soon(self, key: str) -> None:
+        """Run the session's waiting events here, unless this replica already does."""
+        if key in self._driving or self.closing:
+            return
+        self._driving.add(key)
+        self.lanes.submit(key, lambda: self._drive(key))
+
+    async def _drive(self, key: str) -> None:
+        """Under the session's lock, run its unfinished events oldest first, wherever they were accepted."""
+        try:
+            if not await self.coordinator.try_lock(f"session:{key}"):
+                return  # another replica runs this session; it looks for new events before letting go
+            last: int | None = None
+            try:
+                while not self.closing and (row := await self.store.next_run_event(key)) is not None:
+                    if row.id == last:  # the run could not be recorded: leave it to a later sweep
+                        logger.error("inbox event %s of session %s did not finish; retrying later", row.id, key)
+                        return
+                    last = row.id
+                    job = self._job(row)
+                    self._running[key] = job.run_id
+                    try:
+                        await self.executor.execute(job)
+                    finally:
+                        self._running.pop(key, None)
+            finally:
+                await self.coordinator.unlock(f"session:{key}")
+        finally:
+            self._driving.discard(key)
+        # An event accepted elsewhere while this replica held the lock may have been passed over there.
+        if not self.closing and await self.store.next_run_event(key) is not None:
+            self._drive_soon(key)
+
+    async def _command_once(self, inbox_id: int, key: str, event: MessageEvent) -> None:
+        """Handle a command; with a shared database, only where its event's lock is held."""
+        if self.coordinator.sole:
+            await self._handle_command(inbox_id, key, event)
+            return
+        if not await self.coordinator.try_lock(f"inbox:{inbox_id}"):
+            return
+        try:
+            row = await self.store.get_inbox(inbox_id)
+            if row is not None and row.status in ("pending", "running"):
+                await self._handle_command(inbox_id, key, event)
+        finally:
+            await self.coordinator.unlock(f"inbox:{inbox_id}")
+
+    async def sweep(self, before: float) -> int:
+        """Take up unfinished events last touched before ``before`` that no replica is working on."""
+        waiting = await self.store.waiting_events(before)
+        for key, kind, inbox_id in waiting:
+            if kind != "command":
+                self._drive_soon(key)
+                continue
+            row = await self.store.get_inbox(inbox_id)
+            if row is not None:
+                await self._command_once(row.id, row.session_key, MessageEvent.from_dict(row.payload["event"]))
+        return len(waiting)
+
+    async def _sweep_loop(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
+            try:
+                await self.sweep(before=time.time() - SWEEP_AGE_SECONDS)
+            except Exception:
+                logger.exception("inbox sweep failed")
+
+    def locks_lost(self) -> None:
+        """This replica's session locks are gone: stop its runs (the replica that takes a session over
+        redoes its unfinished run; the completion is recorded once)."""
+        for key in list(self._driving):
+            self.lanes.cancel_current(key)
+
+    async def stop_sweeping(self) -> None:
+        """Stop looking for unattended events (shutdown)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
 
     # -- commands --------------------------------------------------------
 

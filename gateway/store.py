@@ -67,6 +67,7 @@ inbox_t = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.Index("ix_inbox_status", "status", "id"),
+    sa.Index("ix_inbox_session", "session_key", "status", "id"),
 )
 
 runs_t = sa.Table(
@@ -324,7 +325,14 @@ def insert_ignoring_conflicts(dialect: str, table: sa.Table, key: str | tuple[st
 _INBOX_BY_KEY = sa.select(inbox_t.c.id, inbox_t.c.run_id).where(inbox_t.c.dedupe_key == sa.bindparam("b_key"))
 _INBOX_STATUS = (inbox_t.update().where(inbox_t.c.id == sa.bindparam("b_id"))
                  .values(status=sa.bindparam("b_status"), updated_at=sa.bindparam("b_now")))
-_INBOX_UNFINISHED = (sa.select(inbox_t).where(inbox_t.c.status.in_(("pending", "running"))).order_by(inbox_t.c.id))
+_UNFINISHED = ("pending", "running")
+_INBOX_UNFINISHED = sa.select(inbox_t).where(inbox_t.c.status.in_(_UNFINISHED)).order_by(inbox_t.c.id)
+_INBOX_NEXT_RUN = (sa.select(inbox_t).where(inbox_t.c.session_key == sa.bindparam("b_key"),
+                                            inbox_t.c.status.in_(_UNFINISHED), inbox_t.c.kind != "command")
+                   .order_by(inbox_t.c.id).limit(1))
+_INBOX_WAITING = (sa.select(inbox_t.c.session_key, inbox_t.c.kind, inbox_t.c.id)
+                  .where(inbox_t.c.status.in_(_UNFINISHED), inbox_t.c.updated_at < sa.bindparam("b_before"))
+                  .order_by(inbox_t.c.id).limit(sa.bindparam("b_limit")))
 _RUN_INSERT = runs_t.insert()
 _RUN_START = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"))
               .values(status="running", started_at=sa.func.coalesce(runs_t.c.started_at, sa.bindparam("b_now")),
@@ -388,12 +396,13 @@ _OUTBOX_DEPTH = sa.select(sa.func.count()).select_from(outbox_t).where(outbox_t.
 
 
 def _v2_outbox_claims(conn: Connection) -> None:
-    """outbox: ordering lanes, claims (who is sending a part) and the in-doubt count."""
+    """outbox: ordering lanes, claims (who is sending a part) and the in-doubt count; inbox by session."""
     for column in ("lane VARCHAR(800) NOT NULL DEFAULT ''", "claimed_by VARCHAR(64)", "claim_until FLOAT",
                    "in_doubt INTEGER NOT NULL DEFAULT 0"):
         conn.exec_driver_sql(f"ALTER TABLE outbox ADD COLUMN {column}")
     conn.exec_driver_sql("UPDATE outbox SET lane = platform || ':' || chat_id")
     next(ix for ix in outbox_t.indexes if ix.name == "ix_outbox_lane").create(conn)
+    next(ix for ix in inbox_t.indexes if ix.name == "ix_inbox_session").create(conn)
 
 
 _MIGRATIONS = {2: _v2_outbox_claims}
@@ -552,9 +561,24 @@ class Store:
 
     async def unfinished_inbox(self) -> list[InboxRow]:
         """Accepted events whose processing has not finished, oldest first."""
-        rows = await self.db.read(lambda conn: conn.execute(_INBOX_UNFINISHED).all())
-        return [InboxRow(r.id, r.dedupe_key, r.platform, r.kind, r.session_key, json.loads(r.payload),
-                         r.status, r.run_id) for r in rows]
+        return [_inbox_row(r) for r in await self.db.read(lambda conn: conn.execute(_INBOX_UNFINISHED).all())]
+
+    async def next_run_event(self, session_key: str) -> InboxRow | None:
+        """The session's oldest accepted run event that has not finished (commands excluded)."""
+        row = await self.db.read(lambda conn: conn.execute(_INBOX_NEXT_RUN, {"b_key": session_key}).first())
+        return _inbox_row(row) if row is not None else None
+
+    async def waiting_events(self, before: float, limit: int = 1000) -> list[tuple[str, str, int]]:
+        """(session key, kind, inbox id) of unfinished events not touched since ``before``, oldest first."""
+        params = {"b_before": before, "b_limit": limit}
+        rows = await self.db.read(lambda conn: conn.execute(_INBOX_WAITING, params).all())
+        return [(r.session_key, r.kind, int(r.id)) for r in rows]
+
+    async def get_inbox(self, inbox_id: int) -> InboxRow | None:
+        """One inbox event, or None."""
+        query = sa.select(inbox_t).where(inbox_t.c.id == inbox_id)
+        row = await self.db.read(lambda conn: conn.execute(query).first())
+        return _inbox_row(row) if row is not None else None
 
     async def set_inbox_status(self, inbox_id: int, status: str) -> None:
         """Move an inbox event to ``status``."""
@@ -684,6 +708,13 @@ class Store:
         row = await self.db.write(lambda conn: conn.execute(_OUTBOX_CLAIM, params).first())
         return _outbox_row(row) if row is not None else None
 
+    async def expire_claims(self, live: set[str]) -> int:
+        """Expire the claims of senders not in ``live`` (dead replicas); returns how many."""
+        expire = (outbox_t.update().where(outbox_t.c.status == "pending", outbox_t.c.claimed_by.is_not(None),
+                                          outbox_t.c.claimed_by.not_in(live), outbox_t.c.claim_until > 0)
+                  .values(claim_until=0.0))
+        return int(await self.db.write(lambda conn: conn.execute(expire).rowcount))
+
     async def abandon_claims(self, owner: str) -> int:
         """Expire every claim not held by ``owner``: for a single gateway starting up, whose earlier
         incarnations are dead. Returns the number of parts concerned."""
@@ -714,6 +745,10 @@ class Store:
     async def outbox_depth(self) -> int:
         """Number of undelivered parts."""
         return int(await self.db.read(lambda conn: conn.execute(_OUTBOX_DEPTH).scalar_one()))
+
+
+def _inbox_row(r: Any) -> InboxRow:
+    return InboxRow(r.id, r.dedupe_key, r.platform, r.kind, r.session_key, json.loads(r.payload), r.status, r.run_id)
 
 
 def _run_row(r: Any) -> RunRow:

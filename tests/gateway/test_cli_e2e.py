@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,49 +18,10 @@ import yaml
 from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.model_server import ScriptedModel, rules, tool_call
 from platforms.webhook_signatures import sign
+from tests.gateway_process import GatewayProcess
 
 SECRET = "e2e-webhook-secret-abcdef"
 TOKEN = "e2e-api-token"
-
-
-class GatewayProcess:
-    """`python -m gateway run` with a config file; tells its port from the startup line."""
-
-    def __init__(self, config_path: Path, home: Path) -> None:
-        self.config_path = config_path
-        self.home = home
-        self.proc: asyncio.subprocess.Process | None = None
-        self.port = 0
-        self.stderr_path = home / f"gateway-{uuid.uuid4().hex[:6]}.log"
-
-    async def start(self) -> None:
-        env = {**os.environ, "HERMES_GATEWAY_HOME": str(self.home), "PYTHONUNBUFFERED": "1"}
-        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in stop()/kill()
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "run", "--config", str(self.config_path),
-            stdout=asyncio.subprocess.PIPE, stderr=self._stderr, env=env)
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout=30)
-        match = re.search(rb"listening on http://[\d.]+:(\d+)", line)
-        assert match, f"unexpected startup line {line!r}; log: {self.stderr_path.read_text()}"
-        self.port = int(match.group(1))
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
-        self._stderr.close()
-
-    async def terminate(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(self.proc.wait(), timeout=30)
-        self._stderr.close()
-        return code
 
 
 def _write_config(path: Path, home: Path, model_url: str, sink_url: str) -> None:

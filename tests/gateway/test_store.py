@@ -250,6 +250,7 @@ async def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None
 
     def back_to_v1(conn: Connection) -> None:
         conn.exec_driver_sql("DROP INDEX ix_outbox_lane")
+        conn.exec_driver_sql("DROP INDEX ix_inbox_session")
         for column in ("lane", "claimed_by", "claim_until", "in_doubt"):
             conn.exec_driver_sql(f"ALTER TABLE outbox DROP COLUMN {column}")
         conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="1"))

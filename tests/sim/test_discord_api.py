@@ -261,6 +261,24 @@ async def test_resume_replays_what_the_session_missed(sim: DiscordSimulator, raw
     assert await stranger.recv() == {"op": 9, "d": False}
 
 
+async def test_expired_detached_sessions_cannot_resume(sim: DiscordSimulator, raw: Any) -> None:
+    client = await raw()
+    ready = await client.identify(sim.token)
+    live = await raw()
+    await live.identify(sim.token)
+    sim.cut_connections(abrupt=True)
+    await sim.wait_for(lambda: not any(c.open for c in sim.connections))
+    again = await raw()
+    await again.identify(sim.token)
+    assert sim.expire_detached_sessions() == 2  # the two cut sessions; the new one has its connection
+    await again.until("GUILD_CREATE")
+    sim.user_sends_dm("still delivered")
+    assert (await again.until("MESSAGE_CREATE"))["d"]["content"] == "still delivered"
+    late = await raw(sim.resume_gateway_url)
+    await late.send(6, {"token": sim.token, "session_id": ready["d"]["session_id"], "seq": 2})
+    assert await late.recv() == {"op": 9, "d": False}
+
+
 async def test_closing_normally_ends_the_session(sim: DiscordSimulator, raw: Any) -> None:
     client = await raw()
     ready = await client.identify(sim.token)

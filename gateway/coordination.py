@@ -1,0 +1,243 @@
+"""Who does what when several gateway processes (replicas) share one PostgreSQL database.
+
+- **Session locks**: one replica at a time runs a session's work.
+- **Leadership**: one elected replica runs the cron scheduler and the platform connections that must
+  be single (Telegram polling, Slack Socket Mode, a Discord shard).
+- **Liveness**: each replica holds a lock on its own id, so the others can tell which outbox claims
+  were left behind by a dead replica.
+
+All three are PostgreSQL advisory locks held on one dedicated connection per replica: when a replica
+dies, its connection closes and the server releases every lock it held at once, so failover needs no
+lease timeouts. With SQLite there is exactly one gateway per database: ``LocalCoordinator`` grants
+everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+logger = logging.getLogger(__name__)
+
+# Two-key advisory lock classes (pg_advisory_lock(int4, int4)); session locks use the one-key form.
+_REPLICA_CLASS = 0x48524D01
+_LEADER_CLASS = 0x48524D02
+_ELECTION_INTERVAL = 1.0
+_HEALTH_INTERVAL = 2.0
+_CALL_TIMEOUT = 10.0
+
+
+def lock_key(name: str) -> int:
+    """A signed 64-bit advisory lock key for a name (collisions only serialize two names)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+class Coordinator(ABC):
+    """Session locks, leadership and liveness for one gateway process."""
+
+    replica_id: str
+    sole: bool
+    """Whether this is the only gateway on the database (then nothing needs locking)."""
+
+    def __init__(self) -> None:
+        self.is_leader = False
+        self.on_leadership: Callable[[bool], None] | None = None
+        """Called with the new state whenever this replica gains or loses leadership."""
+        self.on_locks_lost: Callable[[], None] | None = None
+        """Called when the session locks this replica held were lost (its connection dropped)."""
+
+    @staticmethod
+    def for_store(url: str) -> Coordinator:
+        """The coordinator a store URL calls for."""
+        scheme = url.split("://", 1)[0]
+        if scheme.startswith(("postgresql", "postgres")):
+            return PgCoordinator("postgresql://" + url.split("://", 1)[1])
+        return LocalCoordinator()
+
+    def _set_leader(self, leader: bool) -> None:
+        if leader == self.is_leader:
+            return
+        self.is_leader = leader
+        logger.warning("replica %s %s leadership", self.replica_id, "gained" if leader else "lost")
+        if self.on_leadership is not None:
+            self.on_leadership(leader)
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Connect and take part in the election."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Give up leadership and every lock."""
+
+    @abstractmethod
+    async def try_lock(self, name: str) -> bool:
+        """Take the lock on ``name`` (a session, an inbox event) if nobody holds it."""
+
+    @abstractmethod
+    async def unlock(self, name: str) -> None:
+        """Release a lock taken with ``try_lock``."""
+
+    @abstractmethod
+    async def live_replicas(self) -> set[str] | None:
+        """Ids of the replicas alive now (None when that cannot be told)."""
+
+    def status(self) -> dict[str, Any]:
+        """Readiness detail."""
+        return {"replica": self.replica_id, "leader": self.is_leader, "sole": self.sole}
+
+
+class LocalCoordinator(Coordinator):
+    """The only gateway on its database: always the leader, every lock granted."""
+
+    sole = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replica_id = secrets.token_hex(8)
+
+    async def start(self) -> None:
+        self._set_leader(True)
+
+    async def stop(self) -> None:
+        self._set_leader(False)
+
+    async def try_lock(self, name: str) -> bool:
+        return True
+
+    async def unlock(self, name: str) -> None:
+        return None
+
+    async def live_replicas(self) -> set[str] | None:
+        return {self.replica_id}
+
+
+class PgCoordinator(Coordinator):
+    """Advisory locks on a dedicated asyncpg connection (one per replica)."""
+
+    sole = False
+
+    def __init__(self, dsn: str, election_interval: float = _ELECTION_INTERVAL,
+                 health_interval: float = _HEALTH_INTERVAL) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self._number = secrets.randbelow(2**31 - 1) + 1
+        self.replica_id = f"r{self._number}"
+        self.election_interval = election_interval
+        self.health_interval = health_interval
+        self._conn: asyncpg.Connection | None = None
+        self._call = asyncio.Lock()  # one statement at a time on the connection
+        self._held: dict[str, int] = {}  # lock name -> times taken (advisory locks are reentrant)
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        await self._connect()
+        self._task = asyncio.create_task(self._watch(), name="coordination")
+
+    async def _connect(self) -> None:
+        conn = await asyncpg.connect(self.dsn, timeout=_CALL_TIMEOUT)
+        await conn.execute("SELECT pg_advisory_lock($1, $2)", _REPLICA_CLASS, self._number)
+        self._conn = conn
+        await self._elect()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._set_leader(False)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._conn.close(), _CALL_TIMEOUT)  # releases every lock
+            self._conn = None
+        self._held.clear()
+
+    async def _fetchval(self, query: str, *args: Any) -> Any:
+        if self._conn is None:
+            raise ConnectionError("the coordination connection is down")
+        async with self._call:
+            return await self._conn.fetchval(query, *args, timeout=_CALL_TIMEOUT)
+
+    async def _elect(self) -> None:
+        if not self.is_leader and await self._fetchval("SELECT pg_try_advisory_lock($1, 0)", _LEADER_CLASS):
+            self._set_leader(True)
+
+    async def _watch(self) -> None:
+        """Stand for leadership until elected; notice a lost connection and reconnect."""
+        backoff = 0.5
+        while not self._stopping:
+            await asyncio.sleep(self.election_interval if not self.is_leader else self.health_interval)
+            try:
+                if self._conn is None:
+                    await self._connect()
+                    backoff = 0.5
+                    logger.warning("replica %s: coordination connection restored", self.replica_id)
+                elif self.is_leader:
+                    await self._fetchval("SELECT 1")
+                else:
+                    await self._elect()
+            except (OSError, asyncpg.PostgresError, TimeoutError, ConnectionError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _lost(self, exc: BaseException) -> None:
+        if self._conn is None:
+            return
+        logger.error("replica %s: coordination connection lost (%s): leadership and session locks are gone",
+                     self.replica_id, exc)
+        conn, self._conn = self._conn, None
+        conn.terminate()
+        self._held.clear()
+        self._set_leader(False)
+        if self.on_locks_lost is not None:
+            self.on_locks_lost()
+
+    async def try_lock(self, name: str) -> bool:
+        try:
+            got = bool(await self._fetchval("SELECT pg_try_advisory_lock($1)", lock_key(name)))
+        except (OSError, asyncpg.PostgresError, TimeoutError, ConnectionError) as exc:
+            self._lost(exc)
+            return False
+        if got:
+            self._held[name] = self._held.get(name, 0) + 1
+        return got
+
+    async def unlock(self, name: str) -> None:
+        count = self._held.get(name, 0)
+        if count == 0:
+            return  # lost with the connection (or never held)
+        if count == 1:
+            del self._held[name]
+        else:
+            self._held[name] = count - 1
+        try:
+            await self._fetchval("SELECT pg_advisory_unlock($1)", lock_key(name))
+        except (OSError, asyncpg.PostgresError, TimeoutError, ConnectionError) as exc:
+            self._lost(exc)
+
+    async def live_replicas(self) -> set[str] | None:
+        try:
+            if self._conn is None:
+                return None
+            async with self._call:
+                rows = await self._conn.fetch(
+                    "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objsubid = 2 "
+                    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                    _REPLICA_CLASS, timeout=_CALL_TIMEOUT)
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            self._lost(exc)
+            return None
+        return {f"r{row['objid']}" for row in rows}
+
+    def status(self) -> dict[str, Any]:
+        return {**super().status(), "connected": self._conn is not None, "locks_held": len(self._held)}
