@@ -137,13 +137,14 @@ class Gateway:
             routes = getattr(adapter, "http_routes", None)
             if routes is not None:
                 self.http.add_routes(routes())
+        # Unfinished work first, before anything new can be accepted: older events keep their place.
+        await self.router.resume()
         await self.http.start()
         for name, adapter in self.adapters.items():
             try:
                 await adapter.connect(self.router.on_message)
             except Exception as exc:  # one broken platform never stops the others
                 logger.error("platform %s failed to start: %s", name, exc)
-        await self.router.resume()
         self._leadership_changed.set()
         self._leadership_task = asyncio.create_task(self._follow_leadership(), name="leadership")
         self.outbox.start()

@@ -198,6 +198,9 @@ class RunExecutor:
         e = job.event
         session = SessionRef(job.session_key, e.platform, e.chat_id, e.user_id, e.thread_id) if job.history else None
         context = await self.store.start_run(job.run_id, job.inbox_id, session, self.cfg.model.history_messages)
+        if context is None:
+            logger.info("run %s already finished; not running it again", job.run_id)
+            return
         started = time.perf_counter()
         self.metrics.runs_in_flight.labels(job.kind).inc()
         cancel = self._cancel[job.run_id] = threading.Event()

@@ -334,7 +334,7 @@ _INBOX_WAITING = (sa.select(inbox_t.c.session_key, inbox_t.c.kind, inbox_t.c.id)
                   .where(inbox_t.c.status.in_(_UNFINISHED), inbox_t.c.updated_at < sa.bindparam("b_before"))
                   .order_by(inbox_t.c.id).limit(sa.bindparam("b_limit")))
 _RUN_INSERT = runs_t.insert()
-_RUN_START = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"))
+_RUN_START = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"), runs_t.c.status.not_in(FINAL_RUN_STATES))
               .values(status="running", started_at=sa.func.coalesce(runs_t.c.started_at, sa.bindparam("b_now")),
                       attempts=runs_t.c.attempts + 1))
 _RUN_FINISH = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"), runs_t.c.status.not_in(FINAL_RUN_STATES))
@@ -595,14 +595,15 @@ class Store:
     # -- runs ------------------------------------------------------------
 
     async def start_run(self, run_id: str, inbox_id: int | None, session: SessionRef | None = None,
-                        history_limit: int = 0) -> RunContext:
+                        history_limit: int = 0) -> RunContext | None:
         """Mark a run (and its inbox event) as running, counting the attempt; with ``session``, also
         return the session's epoch (creating the session on first use) and its last ``history_limit``
-        messages, all in one transaction."""
+        messages, all in one transaction. None (nothing written) when the run has already finished."""
         now = time.time()
 
-        def work(conn: Connection) -> RunContext:
-            conn.execute(_RUN_START, {"b_id": run_id, "b_now": now})
+        def work(conn: Connection) -> RunContext | None:
+            if conn.execute(_RUN_START, {"b_id": run_id, "b_now": now}).rowcount == 0:
+                return None
             if inbox_id is not None:
                 conn.execute(_INBOX_STATUS, {"b_id": inbox_id, "b_status": "running", "b_now": now})
             if session is None:

@@ -157,3 +157,20 @@ async def test_todo_and_memory_tools_persist_in_the_store(make_gateway) -> None:
     state = ToolStateStore(h.gateway.store)
     assert [i["text"] for i in await state.load_todos("telegram:dm:100")] == ["write tests", "ship"]
     assert [n[1] for n in await state.list_notes("telegram:1001")] == ["prefers short answers"]
+
+
+async def test_a_run_queued_again_after_it_finished_is_not_run_twice(make_gateway) -> None:
+    h = await make_gateway()
+    status, body = await h.post_webhook(delivery_id="once-1")
+    assert status == 202
+    first = await h.wait_run(body["run_id"])
+    await h.sink.wait_for(1)
+    (row,) = [r for r in await h.gateway.store.outbox_rows() if r.run_id == body["run_id"]]
+    inbox = await h.gateway.store.get_inbox(1)
+    assert inbox is not None and inbox.run_id == body["run_id"]
+    await h.gateway.router.executor.execute(h.gateway.router._job(inbox))  # e.g. resumed while it was queued
+    await asyncio.sleep(0.2)
+    again = await h.get_run(body["run_id"])
+    assert (again["status"], again["attempts"], again["result"]) == ("completed", 1, first["result"])
+    assert len(h.model.requests) == 1 and len(h.sink.received) == 1
+    assert [r.id for r in await h.gateway.store.outbox_rows()] == [row.id]

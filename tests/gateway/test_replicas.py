@@ -179,7 +179,7 @@ async def test_one_chat_across_two_replicas_runs_in_order_one_at_a_time(cluster:
     await _eventually(both_answered, 30)
     assert [m.text for m in cluster.telegram.sent_messages(ALICE)] == [
         "first answer", "second answer after 4 messages"]  # system, slow q, first answer, quick q
-    first_req, second_req = cluster.model.requests
+    _first, second_req = cluster.model.requests
     assert [m["content"] for m in second_req["messages"][1:]] == ["slow question", "first answer", "quick question"]
     runs = await cluster.store.list_runs(10)
     slow, quick = sorted(runs, key=lambda r: r.created_at)
