@@ -4,8 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron \
-	bench-profile soak clean
+.PHONY: demo test lint chaos bench bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron \
+	bench-profile bench-replicas soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The long SIGKILL chaos test (tests/chaos; `make test` runs it with 20 kills): the gateway is killed 200 times
+# under traffic on every platform; prints its figures and seed (replay with --chaos-seed). 10-15 minutes.
+chaos: $(STAMP)
+	$(BIN)/python -m pytest tests/chaos --chaos-kills 200
 
 # Benchmarks (bench/RESULTS.md): each prints a table and writes bench/results/<name>.json. `make bench`
 # runs all of them (not the soak) at sizes that finish in about five minutes on a 2-core machine.
@@ -46,6 +51,10 @@ bench-tools: $(STAMP)
 
 bench-cron: $(STAMP)
 	if [ -f bench/bench_cron.py ]; then $(BENCH).bench_cron; fi
+
+# 1, 2 and 3 replicas on one PostgreSQL database (started by .ci/start-postgres unless HERMES_TEST_PG_URL is set).
+bench-replicas: $(STAMP)
+	HERMES_TEST_PG_URL="$${HERMES_TEST_PG_URL:-$$(.ci/start-postgres)}" $(BENCH).bench_replicas
 
 # pyinstrument profile of the gateway under the webhook load: bench/results/webhook_profile.html
 bench-profile: $(STAMP)

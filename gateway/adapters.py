@@ -6,6 +6,8 @@ resident memory) is imported only when that platform is enabled, so a gateway pa
 
 from __future__ import annotations
 
+from typing import Literal
+
 from gateway.config import Config, DiscordPlatform, SlackPlatform, TelegramPlatform
 from platforms.base import BasePlatformAdapter
 from platforms.callback import CallbackAdapter, CallbackTarget
@@ -73,3 +75,15 @@ def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:
             name: CallbackTarget(t.url, t.secret.get_secret_value(), t.timeout)
             for name, t in cfg.platforms.callback.targets.items()})
     return adapters
+
+
+def receives_on(cfg: Config, platform: str) -> Literal["leader", "all"]:
+    """Which replicas receive ``platform``'s events: only the elected leader, or every replica.
+
+    ``platforms.<p>.run_on`` as resolved by the config: Telegram webhook and Slack http mode are always
+    "all", and so is a Discord replica given its own shards (``shard:<ids>``). Webhooks arrive on every
+    replica's HTTP server and callbacks receive nothing: "all". Every replica sends on every platform.
+    """
+    p = cfg.platforms
+    run_on = {"telegram": p.telegram.run_on, "slack": p.slack.run_on, "discord": p.discord.run_on}.get(platform)
+    return "leader" if run_on == "leader" else "all"

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import model_tools
-from gateway.adapters import build_adapters
+from gateway.adapters import build_adapters, receives_on
 from gateway.agent import Agent, build_client
 from gateway.config import Config
 from gateway.coordination import Coordinator
@@ -20,7 +20,7 @@ from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.router import Router
 from gateway.runs import RunExecutor
-from gateway.store import Store
+from gateway.store import PlatformStateStore, Store
 from gateway.tool_state import install_tool_backends, uninstall_tool_backends
 from gateway.watchdog import LoopWatchdog
 from platforms.base import AdapterState, BasePlatformAdapter
@@ -121,8 +121,10 @@ class Gateway:
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
         agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics)
         self.adapters = {**build_adapters(cfg), **self._extra_adapters}
+        platform_state = PlatformStateStore(self.store)
         for adapter in self.adapters.values():
             adapter.on_rejected = lambda platform, reason: self.metrics.events.labels(platform, reason).inc()
+            adapter.state_store = platform_state
         self.outbox = OutboxSender(self.store, self.adapters, self.metrics, coordinator.replica_id,
                                    sole_sender=coordinator.sole, live_senders=coordinator.live_replicas)
         executor = RunExecutor(cfg, self.store, agent, self.adapters, self.outbox, self.metrics)
@@ -141,8 +143,9 @@ class Gateway:
         await self.router.resume()
         await self.http.start()
         for name, adapter in self.adapters.items():
+            receive = receives_on(cfg, name) == "all" or self.coordinator.is_leader
             try:
-                await adapter.connect(self.router.on_message)
+                await adapter.connect(self.router.on_message, receive=receive)
             except Exception as exc:  # one broken platform never stops the others
                 logger.error("platform %s failed to start: %s", name, exc)
         self._leadership_changed.set()
@@ -153,7 +156,8 @@ class Gateway:
         logger.info("gateway started: platforms=%s http=%s:%s", ",".join(self.adapters), cfg.http.host, self.port)
 
     async def _follow_leadership(self) -> None:
-        """Run what only the leader runs (the cron scheduler) while this replica leads."""
+        """Run what only the leader runs while this replica leads: the cron scheduler, and receiving on
+        the platforms whose connection must be single (``run_on: leader``)."""
         while True:
             await self._leadership_changed.wait()
             self._leadership_changed.clear()
@@ -164,7 +168,16 @@ class Gateway:
                     await (self.cron.start() if leader else self.cron.stop())
                     self._cron_running = leader
             except Exception:
-                logger.exception("following a leadership change failed")
+                logger.exception("cron: following a leadership change failed")
+            for name, adapter in self.adapters.items():
+                if (receives_on(self.cfg, name) != "leader" or adapter.receiving == leader
+                        or adapter.state == AdapterState.FAILED):  # a failed start was reported once
+                    continue
+                try:
+                    await (adapter.start_receiving() if leader else adapter.stop_receiving())
+                except Exception as exc:  # one broken platform never stops the others
+                    logger.error("platform %s: %s receiving failed: %s", name, "starting" if leader else "stopping",
+                                 exc)
 
     async def _readiness(self) -> tuple[bool, dict[str, Any]]:
         store_ok = self.store is not None and await self.store.ping()
@@ -189,6 +202,11 @@ class Gateway:
             await asyncio.gather(self._leadership_task, return_exceptions=True)
         if self.cron is not None and self._cron_running:
             await self.cron.stop()
+        for name, adapter in self.adapters.items():  # hand single connections over to another replica early
+            try:
+                await adapter.stop_receiving()
+            except Exception as exc:
+                logger.warning("platform %s did not stop receiving cleanly: %s", name, exc)
         if self.router is not None:
             self.router.closing = True  # new events are refused, so platforms redeliver them later
             await self.router.stop_sweeping()

@@ -452,6 +452,7 @@ class TelegramPlatform(_Section):
     base_url: Annotated[str, AfterValidator(_check_http_url)] = "https://api.telegram.org/bot"
     base_file_url: Annotated[str, AfterValidator(_check_http_url)] = "https://api.telegram.org/file/bot"
     mode: Literal["polling", "webhook"] = "polling"
+    run_on: Literal["leader", "all"] = "leader"
     webhook_url: Annotated[Annotated[str, AfterValidator(_check_http_url)] | None,
                            BeforeValidator(_empty_to_none)] = None
     webhook_secret: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
@@ -462,6 +463,21 @@ class TelegramPlatform(_Section):
     max_attachment_bytes: int = Field(20 * 1024 * 1024, ge=1)
     parse_mode: Literal["markdown", "html", "plain"] = "html"
     rate_limit: TelegramRateLimit = Field(default_factory=TelegramRateLimit)
+
+    @model_validator(mode="after")
+    def _run_on_fits_mode(self) -> Self:
+        # Telegram serves one getUpdates per bot at a time, and posts to webhook_url whichever replica serves it.
+        fits = "leader" if self.mode == "polling" else "all"
+        if self.run_on == fits:
+            return self
+        if "run_on" not in self.model_fields_set:
+            return self.model_copy(update={"run_on": fits})
+        if self.mode == "polling":
+            raise _invalid("polling mode receives on the leader only", "Telegram ends all but one concurrent "
+                           "getUpdates with 409 Conflict; write leader, or use mode: webhook to receive on every "
+                           "replica", ("run_on",))
+        raise _invalid("webhook mode receives on every replica", "Telegram posts each update to webhook_url, "
+                       "which any replica may serve; remove run_on or write all", ("run_on",))
 
     @model_validator(mode="after")
     def _required_when_enabled(self) -> Self:
@@ -514,6 +530,7 @@ class SlackPlatform(_Section):
 
     enabled: bool = False
     mode: Literal["socket", "http"] = "socket"
+    run_on: Literal["leader", "all"] = "leader"
     bot_token: _SlackSecret = None
     app_token: _SlackSecret = None
     signing_secret: _SlackSecret = None
@@ -524,6 +541,17 @@ class SlackPlatform(_Section):
     slash_command: Annotated[str, AfterValidator(_check_slack_command)] = "/hermes"
     reply_in_thread: bool = True
     ping_interval: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _http_receives_everywhere(self) -> Self:
+        # Slack posts to the Request URL, which every replica behind it serves: only "all" can be honoured.
+        if self.mode != "http" or self.run_on == "all":
+            return self
+        if "run_on" in self.model_fields_set:
+            raise _invalid("http mode receives on every replica", "Slack posts each event to the app's Request "
+                           "URL, which any replica may serve; remove run_on or write all. leader is for socket mode",
+                           ("run_on",))
+        return self.model_copy(update={"run_on": "all"})
 
     @model_validator(mode="after")
     def _required_when_enabled(self) -> Self:
@@ -560,6 +588,26 @@ def _check_ws_url(value: str) -> str:
     return value
 
 
+_DISCORD_SHARDS = re.compile(r"shard:(\d+(?:,\d+)*)")
+
+
+def _check_discord_run_on(value: str) -> str:
+    if value in ("leader", "all"):
+        return value
+    if (m := _DISCORD_SHARDS.fullmatch(value.replace(" ", ""))) is None:
+        raise _invalid(f"unknown value {value!r}", "write leader, all, or shard:<ids> to run those shards on "
+                       "this replica, e.g. shard:0,1")
+    ids = [int(i) for i in m.group(1).split(",")]
+    if len(set(ids)) != len(ids):
+        raise _invalid(f"{value!r} names a shard twice", "list each shard once, e.g. shard:0,1")
+    return "shard:" + ",".join(map(str, ids))
+
+
+def _discord_shards(run_on: str) -> list[int] | None:
+    """The shard ids of a checked ``run_on: shard:<ids>``; None for leader and all."""
+    return [int(i) for i in run_on.removeprefix("shard:").split(",")] if run_on.startswith("shard:") else None
+
+
 class DiscordPlatform(_Section):
     """A Discord bot through discord.py: the gateway websocket for events, REST for sends."""
 
@@ -573,6 +621,7 @@ class DiscordPlatform(_Section):
                            BeforeValidator(_empty_to_none)] = None
     shard_count: int | None = Field(None, ge=1)
     shard_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    run_on: Annotated[str, AfterValidator(_check_discord_run_on)] = "leader"
     respond_in_guilds: Literal["mention", "always"] = "mention"
     allowed_guilds: list[str] = Field(default_factory=list)
     allowed_channels: list[str] = Field(default_factory=list)
@@ -611,8 +660,20 @@ class DiscordPlatform(_Section):
             elif bad := [i for i in self.shard_ids if i >= self.shard_count]:
                 problems.append(_Problem(("shard_ids",), f"shard ids {bad} are not below shard_count "
                                          f"{self.shard_count}", "shard ids run from 0 to shard_count - 1"))
+        shards = _discord_shards(self.run_on)
+        if shards is not None:
+            if self.shard_count is None:
+                problems.append(_Problem(("run_on",), f"{self.run_on} needs shard_count", "set shard_count to the "
+                                         "total number of shards across all replicas"))
+            elif bad := [i for i in shards if i >= self.shard_count]:
+                problems.append(_Problem(("run_on",), f"shard ids {bad} are not below shard_count "
+                                         f"{self.shard_count}", "shard ids run from 0 to shard_count - 1"))
+            if self.shard_ids is not None and sorted(self.shard_ids) != sorted(shards):
+                problems.append(_Problem(("shard_ids",), f"conflicts with run_on: {self.run_on}",
+                                         "remove shard_ids: run_on: shard:<ids> names the shards this replica runs"))
         _raise_if(problems)
-        return self
+        # run_on: shard:<ids> is how a replica says which shards it runs; the adapter reads shard_ids.
+        return self if shards is None else self.model_copy(update={"shard_ids": shards})
 
 
 class Platforms(_Section):

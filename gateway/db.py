@@ -95,7 +95,7 @@ def _settle(outcomes: list[tuple[_Item, Any, BaseException | None]]) -> None:
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     # isolation_level None: the driver emits no BEGIN of its own; _SqliteWorker begins explicitly.
     dbapi_conn.isolation_level = None
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=10000", "foreign_keys=ON"):
+    for pragma in ("busy_timeout=10000", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
         dbapi_conn.execute(f"PRAGMA {pragma}")
 
 
@@ -139,7 +139,7 @@ class SqliteDatabase(Database):
         self.engine.dispose()
 
     def _serve(self) -> None:
-        conn = self.engine.connect()
+        conn: Connection | None = None
         try:
             stopping = False
             while not stopping:
@@ -156,9 +156,17 @@ class SqliteDatabase(Database):
                         stopping = True
                         break
                     batch.append(item)
-                self._run_batch(conn, [i for i in batch if not i.future.cancelled()])
+                batch = [i for i in batch if not i.future.cancelled()]
+                if conn is None:
+                    try:
+                        conn = self.engine.connect()
+                    except Exception as exc:  # e.g. an unwritable path: every caller gets the error
+                        self._settle_all([(item, None, exc) for item in batch])
+                        continue
+                self._run_batch(conn, batch)
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
 
     def _run_batch(self, conn: Connection, batch: list[_Item]) -> None:
         if not batch:
@@ -175,6 +183,10 @@ class SqliteDatabase(Database):
                         outcomes += self._transaction(conn, [item])
                     except Exception as one_exc:
                         outcomes.append((item, None, one_exc))
+        self._settle_all(outcomes)
+
+    @staticmethod
+    def _settle_all(outcomes: list[tuple[_Item, Any, BaseException | None]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Item, Any, BaseException | None]]] = {}
         for outcome in outcomes:
             by_loop.setdefault(outcome[0].loop, []).append(outcome)

@@ -86,19 +86,23 @@ class OutboxSender:
             if row.id in self._queued or self._skip.get(row.id, 0.0) > now:
                 continue
             self._queued.add(row.id)
-            lane = self._lanes.setdefault(row.lane, [])
-            bisect.insort(lane, row, key=lambda r: r.id)
-            if row.lane not in self._lane_tasks:
-                task = asyncio.create_task(self._drain(row.lane, lane), name=f"outbox:{row.lane}")
-                self._lane_tasks[row.lane] = task
+            bisect.insort(self._lanes.setdefault(row.lane, []), row, key=lambda r: r.id)
+            if self._task is not None:
+                self._serve(row.lane)
+
+    def _serve(self, name: str) -> None:
+        if name not in self._lane_tasks:
+            self._lane_tasks[name] = asyncio.create_task(self._drain(name, self._lanes[name]), name=f"outbox:{name}")
 
     def wake(self) -> None:
         """Scan the store now (parts were written that were not submitted)."""
         self._wake.set()
 
     def start(self) -> None:
-        """Start the scanning task."""
+        """Start sending (parts submitted before wait until now: the adapters are connected) and scanning."""
         self._task = asyncio.create_task(self._scan_loop(), name="outbox-scan")
+        for name in list(self._lanes):
+            self._serve(name)
 
     @property
     def busy(self) -> bool:

@@ -138,6 +138,13 @@ todos_t = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),
 )
 
+platform_state_t = sa.Table(
+    "platform_state", metadata,
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
 meta_t = sa.Table(
     "meta", metadata,
     sa.Column("key", sa.String(64), primary_key=True),
@@ -804,5 +811,30 @@ class ToolStateStore:
                                    .values(items=_dumps(items), updated_at=now))
             if updated.rowcount == 0:
                 conn.execute(todos_t.insert().values(session_key=session_key, items=_dumps(items), updated_at=now))
+
+        await self.db.write(work)
+
+
+class PlatformStateStore:
+    """``platforms.base.PlatformState`` on the gateway's database (shared by its replicas)."""
+
+    def __init__(self, store: Store) -> None:
+        self.db = store.db
+
+    async def load(self, key: str) -> str | None:
+        """The value saved under ``key``, or None."""
+        query = sa.select(platform_state_t.c.value).where(platform_state_t.c.key == key)
+        return await self.db.read(lambda conn: conn.execute(query).scalar())
+
+    async def save(self, key: str, value: str) -> None:
+        """Replace the value under ``key``."""
+        now = time.time()
+
+        def work(conn: Connection) -> None:
+            updated = conn.execute(platform_state_t.update().where(platform_state_t.c.key == key)
+                                   .values(value=value, updated_at=now))
+            if updated.rowcount == 0:
+                conn.execute(insert_ignoring_conflicts(conn.dialect.name, platform_state_t, "key"),
+                             {"key": key, "value": value, "updated_at": now})
 
         await self.db.write(work)

@@ -14,7 +14,7 @@ from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, Protocol, get_args
 
 AttachmentKind = Literal["photo", "document", "voice", "audio", "video", "file"]
 ChatType = Literal["dm", "group", "channel"]
@@ -175,6 +175,19 @@ class Accepted:
 
 
 OnMessage = Callable[[MessageEvent], Awaitable[Accepted | None]]
+
+
+class PlatformState(Protocol):
+    """Small durable values an adapter keeps across restarts, shared by the replicas of one gateway
+    (e.g. Discord's backfill cursors); the gateway provides it on its store."""
+
+    async def load(self, key: str) -> str | None:
+        """The value saved under ``key``, or None."""
+        ...
+
+    async def save(self, key: str, value: str) -> None:
+        """Replace the value under ``key``."""
+        ...
 """Called by an adapter for each incoming event; returns once the event is durably accepted (None: refused)."""
 
 
@@ -193,6 +206,12 @@ class BasePlatformAdapter(abc.ABC):
     An adapter awaits `on_message` for every incoming event and acknowledges the event to the platform
     only after it returns. `length_fn` may be a plain function such as `utf16_len`; it is made a
     staticmethod automatically.
+
+    Sending and receiving are separate: `connect(on_message, receive=False)` opens only what sending
+    needs (every replica sends), and `start_receiving` / `stop_receiving` switch receiving on and off at
+    runtime (connections that must be single run on one replica). The defaults only flip `receiving`:
+    right for adapters with nothing to receive, or that receive on the gateway's HTTP server and answer
+    there with a non-2xx status (so the platform delivers again) while `receiving` is false.
     """
 
     name: ClassVar[str]
@@ -211,8 +230,11 @@ class BasePlatformAdapter(abc.ABC):
     def __init__(self) -> None:
         self._state = AdapterState.DISCONNECTED
         self._last_error: str | None = None
+        self._receiving = False
         self.on_rejected: Callable[[str, str], None] | None = None
         """Set by the gateway: called with (platform, reason) for each inbound event refused here."""
+        self.state_store: PlatformState | None = None
+        """Set by the gateway before ``connect``: where to keep state that must survive a restart."""
 
     def _rejected(self, reason: str) -> None:
         """Count an inbound event this adapter refused (bad signature, too large, ...)."""
@@ -224,9 +246,15 @@ class BasePlatformAdapter(abc.ABC):
         """Current lifecycle state."""
         return self._state
 
-    def status(self) -> dict[str, str | None]:
-        """Readiness details: platform, state and the last recorded error."""
-        return {"platform": self.name, "state": self._state.value, "last_error": self._last_error}
+    @property
+    def receiving(self) -> bool:
+        """Whether this adapter takes events from the platform (or, while it is unreachable, tries to)."""
+        return self._receiving
+
+    def status(self) -> dict[str, str | bool | None]:
+        """Readiness details: platform, state, whether it is receiving and the last recorded error."""
+        return {"platform": self.name, "state": self._state.value, "receiving": self._receiving,
+                "last_error": self._last_error}
 
     def _set_state(self, state: AdapterState, error: str | None = None) -> None:
         """Record a lifecycle transition; an error message is kept until the next one is recorded."""
@@ -239,12 +267,24 @@ class BasePlatformAdapter(abc.ABC):
         return split_message(text, self.max_message_length, self.length_fn)
 
     @abc.abstractmethod
-    async def connect(self, on_message: OnMessage) -> None:
-        """Start receiving events, delivering each to `on_message`."""
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
+        """Open what sending needs and keep `on_message` for incoming events; with `receive`, also start receiving."""
 
     @abc.abstractmethod
     async def disconnect(self) -> None:
         """Stop receiving and release connections."""
+
+    async def start_receiving(self) -> None:
+        """Start delivering incoming events to `on_message`; does nothing when already receiving."""
+        self._receiving = True
+
+    async def stop_receiving(self) -> None:
+        """Stop taking events; sending keeps working. Does nothing when not receiving.
+
+        An event the platform delivered but the adapter did not acknowledge stays with the platform, which
+        delivers it again (to whichever replica receives next).
+        """
+        self._receiving = False
 
     @abc.abstractmethod
     async def send(

@@ -40,13 +40,16 @@ class CallbackAdapter(BasePlatformAdapter):
         self.targets = dict(targets)
         self._session: aiohttp.ClientSession | None = None
 
-    async def connect(self, on_message: OnMessage) -> None:
-        """Open the HTTP client (nothing is received on this platform)."""
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
+        """Open the HTTP client (nothing is received on this platform: `receive` only sets the flag)."""
         self._session = aiohttp.ClientSession()
         self._set_state(AdapterState.CONNECTED)
+        if receive:
+            await self.start_receiving()
 
     async def disconnect(self) -> None:
         """Close the HTTP client."""
+        await self.stop_receiving()
         if self._session is not None:
             await self._session.close()
             self._session = None

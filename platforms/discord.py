@@ -1,7 +1,12 @@
 """Discord through discord.py: gateway events in, REST sends out.
 
-The client runs ``client.start(token)`` as a task the adapter owns (never ``client.run()``). Where it
-connects is process-wide in discord.py: ``discord.http.Route.BASE`` (the REST base) and
+Two ``discord.Client``s (never ``client.run()``): one only logged in over REST, through which every send
+goes, and, while the adapter receives, a gateway client logged in by ``start_receiving`` whose
+``connect()`` runs as a task the adapter owns. They are separate because discord.py cannot close just the
+websocket of a client: ``close()`` also closes its HTTP session, ``connect()`` reconnects after a normal
+close, and cancelling it during a handshake leaves a websocket open with its heartbeat thread running.
+Closing the whole gateway client closes everything it opened, and sends never notice. Where clients
+connect is process-wide in discord.py: ``discord.http.Route.BASE`` (the REST base) and
 ``discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY`` (the websocket) are class attributes, so the
 adapter sets them on connect and restores them on disconnect; one Discord bot per process. Without a
 configured ``gateway_url`` the adapter asks ``GET /gateway/bot`` at login, as Discord recommends, so a
@@ -29,7 +34,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -48,6 +53,7 @@ from platforms.base import (
     BasePlatformAdapter,
     MessageEvent,
     OnMessage,
+    PlatformState,
     SendResult,
     utf16_len,
 )
@@ -60,11 +66,12 @@ DISCORD_API = "https://discord.com/api/v10"
 TOKEN_REJECTED = "discord: the bot token was rejected (401 on /users/@me); check platforms.discord.token"
 _LOGIN_TIMEOUT = 30.0
 _CLOSE_TIMEOUT = 10.0
-_TASK_GRACE = 1.0  # after close(), how long the client task may take to end (it may sit in a reconnect backoff)
+_TASK_GRACE = 1.0  # how long stopping waits for a task to end by itself (the client after close(), a backfill)
 _REQUEST_MARGIN = 30.0  # a request may wait out a rate limit up to max_ratelimit_timeout, then this long
 _MAX_IDENTIFY_BACKOFF = 300.0
-_BACKFILL_LIMIT = 100  # messages fetched per channel
+_MAX_HELD = 10_000  # live messages held back while catching up; beyond that they are handed over at once
 _MAX_TRACKED_CHANNELS = 200
+_CURSORS_KEY = "discord:backfill-cursors"
 _CURSOR_FLUSH_INTERVAL = 1.0
 _HANDLED_TYPES = frozenset({discord.MessageType.default, discord.MessageType.reply})
 _NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
@@ -146,22 +153,37 @@ class _IdentifyBackoff:
 
 
 class _Cursors:
-    """The last handled message id per channel the bot talks in, persisted for backfill after a restart."""
+    """The last handled message id per channel the bot talks in, persisted for backfill after a restart:
+    in the gateway's store when it provides one (``state``: shared by its replicas), else in ``path``."""
 
     def __init__(self, path: Path | None) -> None:
         self._path = path
+        self.state: PlatformState | None = None
         self._entries: dict[int, tuple[int, bool]] = {}  # channel id -> (last message id, is a DM)
 
     async def load(self) -> None:
-        if self._path is None:
+        if self.state is None and self._path is None:
             return
         try:
-            data = json.loads(await asyncio.to_thread(self._path.read_text, encoding="utf-8"))
+            if self.state is not None:
+                text = await self.state.load(_CURSORS_KEY)
+            else:
+                assert self._path is not None
+                text = await asyncio.to_thread(self._path.read_text, encoding="utf-8")
+            if text is None:
+                return
+            data = json.loads(text)
             self._entries = {int(cid): (int(e["last"]), bool(e["dm"])) for cid, e in data["channels"].items()}
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            logger.warning("discord: ignoring unreadable backfill state %s (%s)", self._path, exc)
+            logger.warning("discord: ignoring unreadable backfill state (%s)", exc)
+
+    def follow(self, channel_id: int, before: int, dm: bool) -> bool:
+        """Follow a channel not followed yet from just before message ``before``; returns whether it was new."""
+        if channel_id in self._entries:
+            return False
+        return self.note(channel_id, before - 1, dm, track=True)
 
     def note(self, channel_id: int, message_id: int, dm: bool, *, track: bool) -> bool:
         """Record a handled message; ``track`` starts following the channel. Returns whether anything changed."""
@@ -178,13 +200,16 @@ class _Cursors:
         return [(cid, last, dm) for cid, (last, dm) in self._entries.items()]
 
     async def save(self) -> None:
-        if self._path is None:
+        if self.state is None and self._path is None:
             return
         data = {"channels": {str(cid): {"last": str(last), "dm": dm} for cid, (last, dm) in self._entries.items()}}
         try:
-            await asyncio.to_thread(self._write, json.dumps(data))
-        except OSError as exc:
-            logger.warning("discord: could not save backfill state %s (%s)", self._path, exc)
+            if self.state is not None:
+                await self.state.save(_CURSORS_KEY, json.dumps(data))
+            else:
+                await asyncio.to_thread(self._write, json.dumps(data))
+        except Exception as exc:  # the next save tries again
+            logger.warning("discord: could not save backfill state (%s)", exc)
 
     def _write(self, text: str) -> None:
         assert self._path is not None
@@ -195,39 +220,42 @@ class _Cursors:
 
 
 class _Hooks:
-    """Routes the client's hooks and events to the adapter (mixed into Client and AutoShardedClient)."""
+    """Routes the gateway client's hooks and events to the adapter (mixed into Client and AutoShardedClient)."""
 
     def __init__(self, adapter: DiscordAdapter, **options: Any) -> None:
         self._adapter = adapter
         super().__init__(**options)
 
     async def setup_hook(self) -> None:
-        await self._adapter._logged_in()
+        await self._adapter._find_gateway(self)  # type: ignore[arg-type]
 
     async def before_identify_hook(self, shard_id: int | None, *, initial: bool = False) -> None:
         # Replaces discord.py's flat 5 s: a re-IDENTIFY storm backs off exponentially.
         if not initial:
             await asyncio.sleep(self._adapter._identify_backoff.delay(shard_id))
 
-    async def on_ready(self) -> None:
-        self._adapter._connected(backfill=True)
+    async def on_connect(self) -> None:  # READY: a new session (ready is dispatched once guilds arrived)
+        self._adapter._session_started(self)  # type: ignore[arg-type]
 
     async def on_resumed(self) -> None:
-        self._adapter._connected(backfill=False)
+        self._adapter._connected(self, new_session=False)  # type: ignore[arg-type]
 
     async def on_disconnect(self) -> None:
-        self._adapter._disconnected()
+        self._adapter._disconnected(self)  # type: ignore[arg-type]
 
     async def on_message(self, message: discord.Message) -> None:
-        await self._adapter._handle(message)
+        await self._adapter._live(self, message)  # type: ignore[arg-type]
 
 
 class _Client(_Hooks, discord.Client):
-    pass
+    async def on_ready(self) -> None:
+        self._adapter._connected(self, new_session=True)
 
 
 class _ShardedClient(_Hooks, discord.AutoShardedClient):
-    pass
+    async def on_shard_ready(self, _shard_id: int) -> None:  # on_ready comes only once, for all shards
+        self._adapter._connected(self, new_session=True)
+
 
 
 class DiscordAdapter(BasePlatformAdapter):
@@ -248,51 +276,90 @@ class DiscordAdapter(BasePlatformAdapter):
             self._mentions = discord.AllowedMentions.none()
         self._identify_backoff = _IdentifyBackoff(settings.reconnect_backoff)
         self._request_timeout = settings.max_ratelimit_timeout + _REQUEST_MARGIN
-        self._client: discord.Client | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._rest: discord.Client | None = None  # logged in over REST only: every send goes through it
+        self._client: discord.Client | None = None  # the gateway client, while receiving
+        self._task: asyncio.Task[None] | None = None  # its connect()
         self._on_message: OnMessage | None = None
-        self._logged_in_event = asyncio.Event()
-        self._closing = False
         self._saved_endpoints: tuple[str, yarl.URL] | None = None
         self._intake = asyncio.Lock()
         self._cursors = _Cursors(settings.state_file)
         self._cursors_dirty = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._backfills: set[asyncio.Task[None]] = set()
+        # Live messages held back while catching up after a (re)connect: a new session's backfill, or a
+        # resume's replay, goes first, so a chat's messages are handed over in order and the backfill
+        # cursors do not move past what the backfill still has to fetch. None: not catching up.
+        self._held: list[discord.Message] | None = None
+        self._catching_up: asyncio.Task[None] | None = None
+        self._backfill_again = False
+        self._backfill_owed = False  # a new session started and its on_ready (which backfills) has not come
 
     # -- lifecycle -------------------------------------------------------
 
-    async def connect(self, on_message: OnMessage) -> None:
-        """Log in and start the gateway connection; raises DiscordStartupError (state FAILED) if login fails."""
-        if self._task is not None:
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
+        """Log in over REST (what sending needs); with `receive`, also open the gateway connection.
+
+        Raises DiscordStartupError (state FAILED) if logging in fails.
+        """
+        if self._rest is not None:
             raise RuntimeError("discord adapter is already connected")
         self._on_message = on_message
-        self._closing = False
         self._set_state(AdapterState.CONNECTING)
         self._apply_endpoints()
+        self._cursors.state = self.state_store
         await self._cursors.load()
-        client = self._client = self._build_client()
-        self._logged_in_event.clear()
-        self._task = asyncio.create_task(client.start(self.settings.token), name="discord-client")
-        self._task.add_done_callback(self._client_ended)
-        waiter = asyncio.create_task(self._logged_in_event.wait())
-        await asyncio.wait({self._task, waiter}, timeout=_LOGIN_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self._logged_in_event.is_set():
-            self._spawn(self._flush_cursors(), "discord-cursors")
+        rest = discord.Client(intents=discord.Intents.none(), allowed_mentions=self._mentions,
+                              max_ratelimit_timeout=self.settings.max_ratelimit_timeout)
+        try:
+            await self._login(rest)
+        except DiscordStartupError:
+            self._restore_endpoints()
+            raise
+        assert rest.user is not None
+        self._rest, self.bot_username = rest, rest.user.name
+        logger.info("discord: logged in as %s (%s)", rest.user.name, rest.user.id)
+        self._set_state(AdapterState.CONNECTED)
+        self._flusher = asyncio.create_task(self._flush_cursors(), name="discord-cursors")
+        if receive:
+            await self.start_receiving()
+
+    async def start_receiving(self) -> None:
+        """Log a gateway client in and run its ``connect()`` as a task; raises DiscordStartupError (state FAILED)."""
+        if self._client is not None:
             return
-        message = self._login_error()
-        self._set_state(AdapterState.FAILED, message)
+        self._set_state(AdapterState.CONNECTING)
+        client = self._build_client()
+        await self._login(client)
+        self._client = client
+        self._held = []
+        self._task = asyncio.create_task(client.connect(), name="discord-gateway")
+        self._task.add_done_callback(self._client_ended)
+        self._receiving = True
+
+    async def stop_receiving(self) -> None:
+        """Close the gateway client (websocket and its own REST session); sends keep going over REST.
+
+        Messages already received are still handed over; a backfill stops before its next message.
+        """
+        if self._client is None:
+            return
+        self._receiving = False
         await self._stop_client()
-        raise DiscordStartupError(message)
+        if self._state in (AdapterState.CONNECTING, AdapterState.DISCONNECTED):
+            self._set_state(AdapterState.CONNECTED)  # what was down was the gateway; sending works
 
     async def disconnect(self) -> None:
-        """Close the gateway connection and REST session; save the backfill state."""
-        self._closing = True
-        await self._stop_client()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Close the gateway connection and the REST client; save the backfill state."""
+        await self.stop_receiving()
+        rest, self._rest = self._rest, None
+        if rest is not None:
+            await self._close(rest)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+            self._flusher = None
         await self._cursors.save()
+        self._restore_endpoints()
         if self._state != AdapterState.FAILED:
             self._set_state(AdapterState.DISCONNECTED)
 
@@ -323,23 +390,26 @@ class DiscordAdapter(BasePlatformAdapter):
             Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY = self._saved_endpoints
             self._saved_endpoints = None
 
-    async def _logged_in(self) -> None:
-        """Called by the client once the token was accepted, before it opens the gateway."""
-        client = self._client
-        assert client is not None and client.user is not None
+    async def _login(self, client: discord.Client) -> None:
+        """``client.login()``; on failure the client is closed and DiscordStartupError raised (state FAILED)."""
+        try:
+            await asyncio.wait_for(client.login(self.settings.token), _LOGIN_TIMEOUT)
+        except Exception as exc:
+            message = self._login_error(exc)
+            self._set_state(AdapterState.FAILED, message)
+            await self._close(client)
+            raise DiscordStartupError(message) from None
+
+    async def _find_gateway(self, client: discord.Client) -> None:
+        """Called by the gateway client once the token was accepted, before it opens the websocket."""
         if self.settings.gateway_url is None:
             _, url, _ = await client.http.get_bot_gateway()
             DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(url)
-        self.bot_username = client.user.name
-        logger.info("discord: logged in as %s (%s)", client.user.name, client.user.id)
-        self._logged_in_event.set()
 
-    def _login_error(self) -> str:
-        task = self._task
+    def _login_error(self, exc: Exception) -> str:
         api = self.settings.api_base_url
-        if task is None or not task.done():
+        if isinstance(exc, TimeoutError):
             return f"discord: no answer from {api} within {_LOGIN_TIMEOUT:.0f} s; check platforms.discord.api_base_url"
-        exc = task.exception() if not task.cancelled() else None
         if isinstance(exc, discord.LoginFailure):
             return TOKEN_REJECTED
         if isinstance(exc, discord.GatewayNotFound):
@@ -350,12 +420,11 @@ class DiscordAdapter(BasePlatformAdapter):
         return f"discord: cannot reach {api} ({exc!r}); check platforms.discord.api_base_url and the network"
 
     def _client_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or not self._logged_in_event.is_set():
-            return  # cancelled by us, or a login failure that connect() reports
+        if task is not self._task or task.cancelled():
+            return  # stopped by stop_receiving
         exc = task.exception()
         if exc is None:
-            if not self._closing:
-                self._set_state(AdapterState.DISCONNECTED, "discord: the client stopped")
+            self._set_state(AdapterState.DISCONNECTED, "discord: the gateway connection ended")
             return
         code = getattr(exc, "code", None)
         if isinstance(exc, discord.PrivilegedIntentsRequired):
@@ -368,44 +437,103 @@ class DiscordAdapter(BasePlatformAdapter):
     async def _stop_client(self) -> None:
         client, task = self._client, self._task
         self._client, self._task = None, None
+        if self._backfills:  # each one notices at its next message; a hand-over is never cut off halfway
+            _, late = await asyncio.wait(self._backfills, timeout=_TASK_GRACE)
+            for backfill in late:
+                backfill.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        self._drop_held()
         if client is not None:
-            try:
-                await asyncio.wait_for(client.close(), _CLOSE_TIMEOUT)
-            except Exception as exc:
-                logger.warning("discord: the client did not close cleanly: %r", exc)
+            await self._close(client)
         if task is not None:
             await asyncio.wait({task}, timeout=_TASK_GRACE)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        self._restore_endpoints()
 
-    def _connected(self, *, backfill: bool) -> None:
+    @staticmethod
+    async def _close(client: discord.Client) -> None:
+        try:
+            await asyncio.wait_for(client.close(), _CLOSE_TIMEOUT)
+        except Exception as exc:
+            logger.warning("discord: the client did not close cleanly: %r", exc)
+
+    def _session_started(self, client: discord.Client) -> None:
+        """READY: nothing is replayed into a new session, so its backfill must go before any live message."""
+        if client is self._client:
+            self._backfill_owed = True
+            if self._held is None:
+                self._held = []
+
+    def _connected(self, client: discord.Client, *, new_session: bool) -> None:
+        if client is not self._client:
+            return
         self._set_state(AdapterState.CONNECTED)
-        if backfill and self.settings.backfill_window > 0:
-            self._spawn(self._backfill(), "discord-backfill")
+        if new_session:
+            self._backfill_owed = False
+        elif self._backfill_owed:
+            return  # resumed before the new session's on_ready: that one catches up
+        backfill = new_session and self.settings.backfill_window > 0
+        if self._catching_up is not None and not self._catching_up.done():
+            # The running catch-up releases what is held when it ends; a new session backfills once more.
+            self._backfill_again = self._backfill_again or backfill
+            return
+        task = self._catching_up = asyncio.create_task(self._catch_up(client, backfill), name="discord-catch-up")
+        self._backfills.add(task)
+        task.add_done_callback(self._backfill_done)
 
-    def _disconnected(self) -> None:
-        if not self._closing and self._state != AdapterState.FAILED:
+    def _disconnected(self, client: discord.Client) -> None:
+        if client is not self._client:
+            return
+        if self._held is None:
+            self._held = []  # the next session's backfill, or the resume's replay, goes first
+        if self._state != AdapterState.FAILED:
             self._set_state(AdapterState.DISCONNECTED, "discord: gateway connection lost; reconnecting")
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+    async def _catch_up(self, client: discord.Client, backfill: bool) -> None:
+        """Backfill (a new session), then hand over the live messages held back meanwhile, in order.
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        A session that starts meanwhile (a resume, or a new IDENTIFY) does not cut in: its replayed or
+        live messages wait in the same hold, and a new session's backfill runs here once more."""
+        while client is self._client:
+            self._backfill_again = False
+            if backfill:
+                await self._backfill(client)
+            while self._held and client is self._client and not self._backfill_again:
+                await self._handle(self._held.pop(0), client.user)
+            if not self._backfill_again:
+                break
+            backfill = True
+        if client is self._client and not self._held:
+            self._held = None
+
+    def _drop_held(self) -> None:
+        """Receiving stops before the catch-up ended: a later backfill fetches the held messages, in order
+        (their channels are followed from just before them)."""
+        for message in self._held or ():
+            if self._cursors.follow(message.channel.id, message.id, message.guild is None):
+                self._cursors_dirty.set()
+        self._held = None
+
+    async def _live(self, client: discord.Client, message: discord.Message) -> None:
+        """A message from the gateway: handed over now, or held while catching up."""
+        if client is self._client and self._held is not None and len(self._held) < _MAX_HELD:
+            self._held.append(message)
+            return
+        await self._handle(message, client.user)
+
+    def _backfill_done(self, task: asyncio.Task[None]) -> None:
+        self._backfills.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            logger.error("discord: background task %s failed", task.get_name(), exc_info=task.exception())
+            logger.error("discord: backfill failed", exc_info=task.exception())
 
     # -- inbound ---------------------------------------------------------
 
-    async def _handle(self, message: discord.Message) -> None:
+    async def _handle(self, message: discord.Message, me: discord.ClientUser | None) -> None:
         """One gateway or backfilled message: normalize, hand over, remember how far this channel got."""
-        on_message, client = self._on_message, self._client
-        if on_message is None or client is None or client.user is None:
+        on_message = self._on_message
+        if on_message is None or me is None:
             return
-        event = self._event_for(message, client.user)
+        event = self._event_for(message, me)
         async with self._intake:  # one at a time, in arrival order
             if event is not None:
                 try:
@@ -467,14 +595,16 @@ class DiscordAdapter(BasePlatformAdapter):
         replied = ref.resolved if isinstance(ref.resolved, discord.Message) else ref.cached_message
         return replied is not None and replied.author.id == me.id
 
-    async def _backfill(self) -> None:
-        """Feed what arrived while no session was listening: newer than each channel's cursor, within the window."""
-        client = self._client
-        if client is None:
-            return
+    async def _backfill(self, client: discord.Client) -> None:
+        """Feed what arrived while no session was listening: newer than each channel's cursor, within the window.
+
+        Stops before the next message once ``client`` no longer receives (its cursors stay where they are).
+        """
         oldest = discord.utils.time_snowflake(datetime.now(UTC) - timedelta(seconds=self.settings.backfill_window))
         fed = 0
         for channel_id, last, dm in self._cursors.items():
+            if client is not self._client:
+                return
             channel: Any = (client.get_partial_messageable(channel_id, type=discord.ChannelType.private) if dm
                             else client.get_channel(channel_id))
             if channel is None:
@@ -485,15 +615,17 @@ class DiscordAdapter(BasePlatformAdapter):
                 logger.warning("discord: backfill of channel %s failed: %r", channel_id, exc)
                 continue
             for message in missed:  # outside the timeout: a hand-over is never cut off halfway
-                await self._handle(message)
-            fed += len(missed)
+                if client is not self._client:
+                    return
+                await self._handle(message, client.user)
+                fed += 1
         if fed:
             logger.info("discord: backfilled %d messages", fed)
 
     @staticmethod
     async def _missed(channel: discord.abc.Messageable, after: int) -> list[discord.Message]:
-        return [m async for m in channel.history(limit=_BACKFILL_LIMIT, after=discord.Object(after),
-                                                 oldest_first=True)]
+        # every page: the backfill window bounds how far back this reaches
+        return [m async for m in channel.history(limit=None, after=discord.Object(after), oldest_first=True)]
 
     async def _flush_cursors(self) -> None:
         while True:
@@ -505,7 +637,7 @@ class DiscordAdapter(BasePlatformAdapter):
     # -- outbound --------------------------------------------------------
 
     def _channel(self, chat_id: str, metadata: Mapping[str, str] | None) -> discord.PartialMessageable | SendResult:
-        client = self._client
+        client = self._rest
         if client is None:
             return SendResult(success=False, error="discord: not connected",
                               retryable=self._state != AdapterState.FAILED)

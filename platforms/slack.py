@@ -45,6 +45,7 @@ from platforms.base import (
 __all__ = ["MAX_PART_LENGTH", "SlackAdapter", "SlackSettings", "SlackStartupError", "to_mrkdwn"]
 
 logger = logging.getLogger(__name__)
+DELIVERY_EVENT = "hermes_delivery"  # message metadata type carrying the outbox delivery id
 T = TypeVar("T")
 
 # chat.postMessage accepts 40,000 characters, but Slack recommends at most 4,000 and collapses long
@@ -106,8 +107,8 @@ class SlackAdapter(BasePlatformAdapter):
         """The Events API endpoint in HTTP mode (nothing in Socket Mode)."""
         return [web.post(self.settings.events_path, self._handle_http)] if self.settings.mode == "http" else []
 
-    async def connect(self, on_message: OnMessage) -> None:
-        """Check the bot token (auth.test), build the bolt app and, in Socket Mode, open the socket."""
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
+        """Check the bot token (auth.test) and build the bolt app; with `receive`, also start receiving."""
         self._on_message = on_message
         self._set_state(AdapterState.CONNECTING)
         s = self.settings
@@ -122,27 +123,59 @@ class SlackAdapter(BasePlatformAdapter):
         try:
             await self._authenticate(client)
             self._app = self._build_app(client)
-            if s.mode == "socket":
-                await self._open_socket()
         except Exception as exc:
-            message = str(exc) if isinstance(exc, SlackStartupError) else f"slack: failed to start: {exc!r}"
-            self._set_state(AdapterState.FAILED, message)
             await self._release()
-            raise SlackStartupError(message) from exc
+            raise self._failed(exc) from exc
         self._set_state(AdapterState.CONNECTED)
         logger.info("slack connected as %s (%s mode)", self.bot_user_id, s.mode)
+        if receive:
+            await self.start_receiving()
+
+    async def start_receiving(self) -> None:
+        """Socket Mode: open the socket. HTTP mode: the events route takes events (503 until then; Slack retries).
+
+        Raises SlackStartupError (state FAILED) when the socket cannot be opened.
+        """
+        if self._receiving:
+            return
+        if self.settings.mode == "socket":
+            try:
+                await self._open_socket()
+            except Exception as exc:
+                await self._close_socket()
+                raise self._failed(exc) from exc
+        self._receiving = True
+        self._set_state(AdapterState.CONNECTED)
+
+    async def stop_receiving(self) -> None:
+        """Close the socket or refuse HTTP events (503); sending keeps working.
+
+        Envelopes are acknowledged only after ``on_message`` returned, so one not acknowledged when the
+        socket closes is delivered again by Slack, like an HTTP event refused with 503.
+        """
+        self._receiving = False
+        await self._close_socket()
 
     async def disconnect(self) -> None:
         """Close the socket and the HTTP session; the HTTP endpoint answers 503 from now on."""
+        await self.stop_receiving()
         await self._release()
         if self._state != AdapterState.FAILED:
             self._set_state(AdapterState.DISCONNECTED)
 
-    async def _release(self) -> None:
-        socket, session = self._socket, self._session
-        self._app = self._socket = self._sender = self._session = None
+    def _failed(self, exc: Exception) -> SlackStartupError:
+        message = str(exc) if isinstance(exc, SlackStartupError) else f"slack: failed to start: {exc!r}"
+        self._set_state(AdapterState.FAILED, message)
+        return SlackStartupError(message)
+
+    async def _close_socket(self) -> None:
+        socket, self._socket = self._socket, None
         if socket is not None:
             await socket.close_async()
+
+    async def _release(self) -> None:
+        session = self._session
+        self._app = self._sender = self._session = None
         if session is not None:
             await session.close()
 
@@ -196,8 +229,8 @@ class SlackAdapter(BasePlatformAdapter):
     async def _handle_http(self, request: web.Request) -> web.StreamResponse:
         """The Events API endpoint: bolt verifies the signature and dispatches."""
         app = self._app
-        if app is None:
-            return web.json_response({"error": "slack is not connected"}, status=503)
+        if app is None or not self._receiving:
+            return web.json_response({"error": "slack is not receiving events here now"}, status=503)
         raw = await request.read()
         try:
             body = raw.decode("utf-8")
@@ -286,16 +319,49 @@ class SlackAdapter(BasePlatformAdapter):
 
     async def send(self, chat_id: str, content: str, reply_to: str | None = None,
                    metadata: Mapping[str, str] | None = None) -> SendResult:
-        """chat.postMessage in the thread named by ``metadata["thread_id"]`` (Slack has no quote-replies)."""
-        thread = (metadata or {}).get("thread_id")
+        """chat.postMessage in the thread named by ``metadata["thread_id"]`` (Slack has no quote-replies).
+
+        The post carries the outbox delivery id as Slack message metadata; a part in doubt (its sender
+        died mid-send) is first looked up by that id, so it is never shown twice.
+        """
+        meta = metadata or {}
+        thread, delivery = meta.get("thread_id"), meta.get("delivery_id")
         args: dict[str, Any] = {"channel": chat_id, "text": to_mrkdwn(content), "unfurl_links": False,
                                 "unfurl_media": False}
         if thread:
             args["thread_ts"] = thread
+        if delivery:
+            args["metadata"] = {"event_type": DELIVERY_EVENT, "event_payload": {"delivery_id": delivery}}
+            if meta.get("in_doubt") and (posted := await self._posted_before(chat_id, thread, delivery)):
+                logger.info("slack: %s was already posted in %s before the restart (ts %s); not posting it again",
+                            delivery, chat_id, posted)
+                return SendResult(success=True, message_id=posted)
         result = await self._call(chat_id, lambda c: c.chat_postMessage(**args))
         if result.success and thread:
             self._remember_thread(chat_id, thread)
         return result
+
+    async def _posted_before(self, chat_id: str, thread: str | None, delivery: str) -> str | None:
+        """The ts of a message this app already posted for ``delivery`` (by its metadata), if any."""
+        client = self._sender
+        if client is None:
+            return None
+        try:
+            if thread:
+                response = await client.conversations_replies(channel=chat_id, ts=thread, limit=200,
+                                                              include_all_metadata=True)
+            else:
+                response = await client.conversations_history(channel=chat_id, limit=100,
+                                                              include_all_metadata=True)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:  # e.g. no *:history scope
+            logger.warning("slack: cannot look %s up in %s (%s); posting it again", delivery, chat_id, exc)
+            return None
+        for message in response.get("messages") or []:
+            posted = message.get("metadata") or {}
+            if (posted.get("event_type") == DELIVERY_EVENT
+                    and (posted.get("event_payload") or {}).get("delivery_id") == delivery):
+                return message.get("ts")
+        return None
 
     async def edit_message(self, chat_id: str, message_id: str, content: str,
                            metadata: Mapping[str, str] | None = None) -> SendResult:

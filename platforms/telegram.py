@@ -5,6 +5,9 @@ polls by hand: ``getUpdates``, hand each update to the gateway, and only then mo
 next ``getUpdates`` confirms). ``event_id`` is the ``update_id``, so a redelivered update is dropped by the
 gateway's inbox. In webhook mode the gateway's HTTP server answers Telegram with 200 only after the update
 is stored; any other answer makes Telegram deliver it again.
+
+Sending needs only getMe. Receiving (``start_receiving`` / ``stop_receiving``) is the polling loop, or in
+webhook mode setWebhook plus a route that answers 503 while the adapter is not receiving.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,7 +55,7 @@ logger = logging.getLogger(__name__)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _BACKOFF_INITIAL = 0.5
 _BACKOFF_MAX = 30.0
-_STOP_GRACE = 5.0  # seconds disconnect lets an update being handed over finish
+_STOP_GRACE = 5.0  # seconds stop_receiving lets an update being handed over finish
 _CONFIRM_TIMEOUT = 2.0
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 _CHAT_TYPES: dict[str, Literal["dm", "group"]] = {ChatType.PRIVATE: "dm", ChatType.GROUP: "group",
@@ -184,7 +187,9 @@ class TelegramAdapter(BasePlatformAdapter):
         self._app = builder.build()
         self._allowed_updates = ["message"] + (["edited_message"] if settings.edited_messages == "handle" else [])
         self._on_message: OnMessage | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()  # getMe done: the bot can send and read updates
+        self._init_task: asyncio.Task[None] | None = None
+        self._receive_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._offset: int | None = None
         self._long_polling = False
@@ -197,25 +202,43 @@ class TelegramAdapter(BasePlatformAdapter):
             return []
         return [web.post(self.settings.webhook_path, self._handle_webhook)]
 
-    async def connect(self, on_message: OnMessage) -> None:
-        """getMe, then set the webhook or start polling; a Bot API that is unreachable is retried in the background.
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
+        """getMe, then with `receive` start receiving; a Bot API that is unreachable is retried in the background.
 
-        Raises RuntimeError (state FAILED) when the token is rejected or the setup is refused for good.
+        Raises RuntimeError (state FAILED) when the token is rejected or the webhook is refused for good.
         """
         self._on_message = on_message
-        self._stop = asyncio.Event()
         self._set_state(AdapterState.CONNECTING)
-        started = await self._try_start()
-        if started and self.settings.mode == "webhook":
-            return
-        self._task = asyncio.create_task(self._run(started), name="telegram-adapter")
-        self._task.add_done_callback(self._task_done)
+        if not await self._try_initialize():
+            self._init_task = self._spawn(self._keep_initializing(), "telegram-init")
+        if receive:
+            await self.start_receiving()
 
-    async def disconnect(self) -> None:
-        """Stop polling at once (an update being handed over may finish), confirm what was stored, close."""
-        self._on_message = None
+    async def start_receiving(self) -> None:
+        """Polling mode: start the getUpdates loop. Webhook mode: setWebhook, then the route takes updates.
+
+        Raises RuntimeError (state FAILED) when Telegram refuses the webhook for good; an unreachable Bot
+        API is retried in the background.
+        """
+        if self._receiving:
+            return
+        set_up = self._ready.is_set() and await self._try_setup()
+        self._receiving = True
+        self._stop = asyncio.Event()
+        if not (set_up and self.settings.mode == "webhook"):
+            self._receive_task = self._spawn(self._receive(set_up), "telegram-receive")
+
+    async def stop_receiving(self) -> None:
+        """Stop polling at once (an update being handed over may finish) and confirm what was stored.
+
+        In webhook mode the route answers 503 from now on, so Telegram delivers again; the webhook stays
+        set, since other replicas may still serve it.
+        """
+        if not self._receiving:
+            return
+        self._receiving = False
         self._stop.set()
-        task, self._task = self._task, None
+        task, self._receive_task = self._receive_task, None
         if task is not None:
             if self._long_polling:
                 task.cancel()
@@ -227,57 +250,105 @@ class TelegramAdapter(BasePlatformAdapter):
             with contextlib.suppress(TelegramError):
                 await self._app.bot.get_updates(offset=self._offset, timeout=0, limit=1,
                                                 read_timeout=_CONFIRM_TIMEOUT, allowed_updates=self._allowed_updates)
+        if self.state is AdapterState.CONNECTING and self._ready.is_set():
+            self._set_state(AdapterState.CONNECTED)  # what failed was receiving; sending works
+
+    async def disconnect(self) -> None:
+        """Stop receiving (see `stop_receiving`) and retrying getMe, then close."""
+        await self.stop_receiving()
+        self._on_message = None
+        task, self._init_task = self._init_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
         await self._app.shutdown()
         await self._app.bot.shutdown()  # also when initialize never got past getMe
         self._set_state(AdapterState.DISCONNECTED)
 
-    async def _try_start(self) -> bool:
-        """One attempt at getMe plus webhook setup; False after a transient failure (state says why)."""
-        bot = self._app.bot
+    async def _attempt(self, call: Awaitable[object], method: str) -> bool:
+        """Await one startup call; False after a transient failure (state CONNECTING, error recorded).
+
+        Raises RuntimeError (state FAILED) when Telegram refuses it for good.
+        """
         try:
-            await self._app.initialize()
-            self.bot_username = bot.username
-            if self.settings.mode == "webhook":
-                await bot.set_webhook(self.settings.webhook_url or "", secret_token=self.settings.webhook_secret,
-                                      allowed_updates=self._allowed_updates)
-            else:
-                await bot.delete_webhook()
+            await call
         except TelegramError as exc:
             if not _transient(exc):
                 message = _startup_error(exc)
                 self._set_state(AdapterState.FAILED, message)
                 raise RuntimeError(message) from None
-            logger.warning("telegram: Bot API unreachable (%s); retrying", exc.message)
+            logger.warning("telegram: %s failed (%s); retrying", method, exc.message)
             self._set_state(AdapterState.CONNECTING, f"telegram: Bot API unreachable: {exc.message}")
             return False
         self._set_state(AdapterState.CONNECTED)
-        logger.info("telegram: connected as @%s (%s)", self.bot_username, self.settings.mode)
         return True
 
-    async def _run(self, started: bool) -> None:
+    async def _try_initialize(self) -> bool:
+        """getMe (what sending and reading updates need); False after a transient failure."""
+        if not await self._attempt(self._app.initialize(), "getMe"):
+            return False
+        self.bot_username = self._app.bot.username
+        self._ready.set()
+        logger.info("telegram: connected as @%s", self.bot_username)
+        return True
+
+    async def _try_setup(self) -> bool:
+        """setWebhook, or in polling mode deleteWebhook; False after a transient failure."""
+        bot = self._app.bot
+        if self.settings.mode == "webhook":
+            done = await self._attempt(bot.set_webhook(self.settings.webhook_url or "",
+                                                       secret_token=self.settings.webhook_secret,
+                                                       allowed_updates=self._allowed_updates), "setWebhook")
+        else:
+            done = await self._attempt(bot.delete_webhook(), "deleteWebhook")
+        if done:
+            logger.info("telegram: receiving (%s)", self.settings.mode)
+        return done
+
+    async def _keep_initializing(self) -> None:
+        """Retry getMe with backoff until it succeeds or is refused for good (disconnect cancels this)."""
         delay = _BACKOFF_INITIAL
-        while not started:
-            if await self._pause(delay):
-                return
+        while True:
+            await asyncio.sleep(delay)
             try:
-                started = await self._try_start()
+                if await self._try_initialize():
+                    return
             except RuntimeError as exc:
                 logger.error("%s", exc)
                 return
             delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def _receive(self, set_up: bool) -> None:
+        """Set up receiving once getMe is done (retrying while the Bot API is unreachable), then poll."""
+        delay = _BACKOFF_INITIAL
+        while not set_up:
+            if self.state is AdapterState.FAILED or await self._pause(delay):
+                return
+            if self._ready.is_set():
+                try:
+                    set_up = await self._try_setup()
+                except RuntimeError as exc:
+                    logger.error("%s", exc)
+                    return
+                delay = min(delay * 2, _BACKOFF_MAX)
         if self.settings.mode == "polling":
             await self._poll()
 
     async def _pause(self, seconds: float) -> bool:
-        """Sleep, cut short by disconnect; returns whether the adapter is stopping."""
+        """Sleep, cut short by stop_receiving; returns whether receiving is stopping."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
         return self._stop.is_set()
 
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._task_done)
+        return task
+
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            logger.error("telegram: the polling task died", exc_info=task.exception())
-            self._set_state(AdapterState.FAILED, f"telegram: polling stopped: {task.exception()}")
+            logger.error("telegram: task %s died", task.get_name(), exc_info=task.exception())
+            self._set_state(AdapterState.FAILED, f"telegram: {task.get_name()} stopped: {task.exception()}")
 
     # -- inbound ---------------------------------------------------------------------------------
 
@@ -340,8 +411,8 @@ class TelegramAdapter(BasePlatformAdapter):
         return await on_message(event)
 
     async def _handle_webhook(self, request: web.Request) -> web.Response:
-        if self._on_message is None or self.state is not AdapterState.CONNECTED:
-            return web.Response(status=503, text="not accepting updates right now")
+        if self._on_message is None or not self._receiving or not self._ready.is_set():
+            return web.Response(status=503, text="not accepting updates right now")  # Telegram delivers again
         given = request.headers.get(SECRET_HEADER, "").encode()
         if not hmac.compare_digest(given, (self.settings.webhook_secret or "").encode()):
             logger.info("telegram: webhook request with a wrong or missing secret refused")

@@ -167,13 +167,16 @@ class WebhookAdapter(BasePlatformAdapter):
         """The endpoint the gateway's HTTP server mounts."""
         return [web.post("/webhooks/{route}", self._handle)]
 
-    async def connect(self, on_message: OnMessage) -> None:
-        """Start accepting deliveries."""
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
+        """Keep `on_message`; with `receive`, start accepting deliveries (until then they get 503)."""
         self._on_message = on_message
         self._set_state(AdapterState.CONNECTED)
+        if receive:
+            await self.start_receiving()
 
     async def disconnect(self) -> None:
         """Refuse new deliveries (503, so senders retry elsewhere or later)."""
+        await self.stop_receiving()
         self._on_message = None
         self._set_state(AdapterState.DISCONNECTED)
 
@@ -195,7 +198,7 @@ class WebhookAdapter(BasePlatformAdapter):
 
     async def _handle(self, request: web.Request) -> web.Response:
         on_message = self._on_message
-        if on_message is None:
+        if on_message is None or not self.receiving:
             return _error(503, "gateway is not accepting webhooks right now", **{"Retry-After": "5"})
         route = self.routes.get(request.match_info["route"])
         if route is None:

@@ -54,7 +54,7 @@ class RecordingAdapter(BasePlatformAdapter):
         self._changed = asyncio.Event()
         self.bot_username = "hermes_bot"
 
-    async def connect(self, on_message: OnMessage) -> None:
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
         self.on_message = on_message
         self._set_state(AdapterState.CONNECTED)
 

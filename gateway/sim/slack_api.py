@@ -1,7 +1,8 @@
 """Slack simulator: the Web API, Socket Mode and signed Events API delivery, for tests and the offline demo.
 
 Point slack-sdk / slack-bolt at it with ``AsyncWebClient(token=sim.bot_token, base_url=sim.base_url)``.
-Web API methods (``auth.test``, ``chat.postMessage``, ``chat.update``, ``apps.connections.open``) take the
+Web API methods (``auth.test``, ``chat.postMessage``, ``chat.update``, ``conversations.history``,
+``conversations.replies``, ``apps.connections.open``) take the
 token as a Bearer header or a ``token`` parameter, and JSON, form or query bodies. ``apps.connections.open``
 returns a ``ws://`` URL to the simulator's Socket Mode endpoint, which says ``hello``, sends envelopes and
 tracks acks; an envelope whose socket dies before it is acked is redelivered (``retry_attempt`` + 1) on the
@@ -105,6 +106,8 @@ class Message:
     params: JSON = field(default_factory=dict)
     edits: list[str] = field(default_factory=list)
     t: float = field(default_factory=time.monotonic)
+    metadata: JSON | None = None
+    """Message metadata posted with it (``{"event_type", "event_payload"}``)."""
 
     @property
     def final_text(self) -> str:
@@ -254,6 +257,20 @@ class _Fault:
 # --------------------------------------------------------------------------- the simulator
 
 
+def _metadata(value: Any) -> JSON | None:
+    """``metadata`` of chat.postMessage: an object in JSON bodies, a JSON string in forms."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise _ApiError("invalid_metadata_format") from None
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("event_type"), str):
+        raise _ApiError("invalid_metadata_format")
+    return {"event_type": value["event_type"], "event_payload": value.get("event_payload") or {}}
+
+
 def _flag(value: Any) -> bool:
     """A boolean parameter from JSON (true) or a form (``"true"``, ``"1"``)."""
     return value is True or (isinstance(value, str) and value.lower() in ("true", "1"))
@@ -295,6 +312,8 @@ class SlackSimulator:
             "apps.connections.open": self._connections_open,
             "chat.postMessage": self._post_message,
             "chat.update": self._update_message,
+            "conversations.history": self._history,
+            "conversations.replies": self._replies,
         }
         self._calls: list[ApiCall] = []
         self._messages: dict[tuple[str, str], Message] = {}
@@ -797,7 +816,8 @@ class SlackSimulator:
         if len(text or "") > MAX_TEXT_LENGTH:
             raise _ApiError("msg_too_long")
         thread_ts = str(p["thread_ts"]) if p.get("thread_ts") else None
-        message = Message(channel, self._next_ts(), text or "", self.bot_user_id, thread_ts, self.bot_id, p)
+        message = Message(channel, self._next_ts(), text or "", self.bot_user_id, thread_ts, self.bot_id, p,
+                          metadata=_metadata(p.get("metadata")))
         self._messages[(channel, message.ts)] = message
         if self.echo_bot_messages:
             echo = {**self._bot_message_json(message), "channel": channel, "event_ts": message.ts,
@@ -827,6 +847,38 @@ class SlackSimulator:
                 "channel_type": _channel_type(channel), "ts": self._next_ts(), "message": current,
                 "previous_message": previous}))
         return {"channel": channel, "ts": ts, "text": text or "", "message": current}
+
+    def _listed(self, messages: list[Message], call: ApiCall) -> list[JSON]:
+        with_metadata = _flag(call.params.get("include_all_metadata"))
+        out = []
+        for m in messages:
+            item = {**m.to_event(self.team_id), "text": m.final_text}
+            if m.bot_id:
+                item["app_id"] = self.api_app_id
+            if with_metadata and m.metadata is not None:
+                item["metadata"] = m.metadata
+            out.append(item)
+        return out
+
+    def _history(self, call: ApiCall) -> JSON:
+        """The channel's top-level messages (thread replies excluded), newest first."""
+        channel = str(call.params.get("channel") or "")
+        limit = int(call.params.get("limit") or 100)
+        top = [m for m in self._messages.values()
+               if m.channel == channel and (m.thread_ts is None or m.thread_ts == m.ts)]
+        top.sort(key=lambda m: float(m.ts), reverse=True)
+        return {"messages": self._listed(top[:limit], call), "has_more": len(top) > limit}
+
+    def _replies(self, call: ApiCall) -> JSON:
+        """A thread: its parent, then the replies, oldest first."""
+        channel, ts = str(call.params.get("channel") or ""), str(call.params.get("ts") or "")
+        limit = int(call.params.get("limit") or 1000)
+        thread = [m for m in self._messages.values()
+                  if m.channel == channel and (m.ts == ts or m.thread_ts == ts)]
+        if not thread:
+            raise _ApiError("thread_not_found")
+        thread.sort(key=lambda m: float(m.ts))
+        return {"messages": self._listed(thread[:limit], call), "has_more": len(thread) > limit}
 
     # ----------------------------------------------------------------- helpers
 

@@ -108,3 +108,14 @@ def test_url_forms(tmp_path: Path) -> None:
     assert normalize_url("sqlite+aiosqlite:///x.db") == "sqlite:///x.db"
     with pytest.raises(ValueError, match="unsupported store URL 'mysql'"):
         Database.connect("mysql://u:p@h/db")
+
+
+async def test_a_database_that_cannot_be_opened_fails_each_caller_instead_of_hanging(tmp_path: Path) -> None:
+    (tmp_path / "state.db").mkdir()  # a directory where the database file should be
+    db = Database.connect(f"sqlite:///{tmp_path}/state.db")
+    try:
+        for _ in range(2):
+            with pytest.raises(sa.exc.OperationalError, match="unable to open database file"):
+                await asyncio.wait_for(db.read(lambda conn: conn.execute(sa.select(1)).scalar()), 5)
+    finally:
+        await db.close()

@@ -55,7 +55,7 @@ class _Platform(BasePlatformAdapter):
         self._ids = 0
         self._changed = asyncio.Event()
 
-    async def connect(self, on_message: OnMessage) -> None:
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
         self._set_state(AdapterState.CONNECTED)
 
     async def disconnect(self) -> None:

@@ -49,6 +49,15 @@ class Cluster:
     config: Path
     replicas: list[GatewayProcess] = field(default_factory=list)
 
+    def use_telegram_polling(self) -> None:
+        """Receive Telegram by long polling (only the leader may poll) instead of the webhook."""
+        data = yaml.safe_load(self.config.read_text(encoding="utf-8"))
+        telegram = data["platforms"]["telegram"]
+        for key in ("mode", "webhook_url", "webhook_secret"):
+            telegram.pop(key)
+        telegram["poll_timeout"] = 1
+        self.config.write_text(yaml.safe_dump(data), encoding="utf-8")
+
     async def start(self, n: int = 1) -> list[GatewayProcess]:
         started = [GatewayProcess(self.config, self.home) for _ in range(n)]
         await asyncio.gather(*(p.start() for p in started))
@@ -231,3 +240,25 @@ async def test_sigkill_of_the_cron_leader_hands_over_without_losing_or_repeating
     print(f"\nreplicas: cron leader SIGKILLed during a fire; new leader after {takeover:.2f} s; "
           f"6 fire times -> 6 fires, {len(cluster.sink.received)} deliveries")
     assert takeover < 5.0
+
+
+async def test_telegram_polling_runs_on_the_leader_only_and_moves_when_it_dies(cluster: Cluster) -> None:
+    cluster.use_telegram_polling()
+    await cluster.start(3)
+    for i in range(5):
+        cluster.telegram.user_sends(f"before {i}", user_id=ALICE, chat_id=ALICE)
+
+    async def answered(n: int) -> bool:
+        return len(cluster.telegram.sent_messages(ALICE)) >= n
+    await _eventually(lambda: answered(5), 30)
+    leader = await cluster.leader()
+    await leader.kill()
+    for i in range(5):
+        cluster.telegram.user_sends(f"after {i}", user_id=ALICE, chat_id=ALICE)
+    await _eventually(lambda: answered(10), 30)
+    await asyncio.sleep(1.5)
+    texts = [m.text for m in cluster.telegram.sent_messages(ALICE)]
+    assert texts == [f"Echo: before {i}" for i in range(5)] + [f"Echo: after {i}" for i in range(5)]
+    conflicts = [c for c in cluster.telegram.calls_of("getUpdates") if c.status == 409]
+    assert conflicts == [], "two replicas polled at once"
+    assert cluster.telegram.pending_updates == []

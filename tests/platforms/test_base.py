@@ -136,8 +136,10 @@ class _EchoAdapter(BasePlatformAdapter):
     max_message_length = 16
     length_fn = utf16_len
 
-    async def connect(self, on_message):  # type: ignore[no-untyped-def]
+    async def connect(self, on_message, *, receive=True):  # type: ignore[no-untyped-def]
         self._set_state(AdapterState.CONNECTED)
+        if receive:
+            await self.start_receiving()
 
     async def disconnect(self) -> None:
         self._set_state(AdapterState.DISCONNECTED)
@@ -148,16 +150,27 @@ class _EchoAdapter(BasePlatformAdapter):
 
 async def test_adapter_defaults_and_status() -> None:
     adapter = _EchoAdapter()
-    assert adapter.status() == {"platform": "echo", "state": "disconnected", "last_error": None}
+    assert adapter.status() == {"platform": "echo", "state": "disconnected", "receiving": False, "last_error": None}
     await adapter.connect(lambda event: None)  # type: ignore[arg-type,return-value]
-    assert adapter.state is AdapterState.CONNECTED
+    assert adapter.state is AdapterState.CONNECTED and adapter.receiving
     adapter._set_state(AdapterState.FAILED, "token rejected")
-    assert adapter.status() == {"platform": "echo", "state": "failed", "last_error": "token rejected"}
+    assert adapter.status() == {"platform": "echo", "state": "failed", "receiving": True,
+                                "last_error": "token rejected"}
 
     edited = await adapter.edit_message("c", "1", "new text")
     assert not edited.success and not edited.retryable and "echo" in (edited.error or "")
     assert await adapter.send_typing("c") is None
     assert adapter.can_edit is False
+
+
+async def test_receiving_defaults_switch_the_flag_idempotently() -> None:
+    adapter = _EchoAdapter()
+    await adapter.connect(lambda event: None, receive=False)  # type: ignore[arg-type,return-value]
+    assert (adapter.state, adapter.receiving, adapter.status()["receiving"]) == (AdapterState.CONNECTED, False, False)
+    for expected in (True, True, False, False, True):
+        await (adapter.start_receiving() if expected else adapter.stop_receiving())
+        assert adapter.receiving is expected and adapter.status()["receiving"] is expected
+    assert (await adapter.send("c", "still sending")).success
 
 
 def test_adapter_length_fn_is_not_bound_and_drives_split() -> None:

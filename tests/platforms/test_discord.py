@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,7 +20,7 @@ import yarl
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
-from gateway.adapters import build_adapters
+from gateway.adapters import build_adapters, receives_on
 from gateway.config import ConfigError, parse_config
 from gateway.sim.discord_api import (
     ALICE_ID,
@@ -33,6 +34,7 @@ from gateway.sim.discord_api import (
     DiscordSimulator,
 )
 from gateway.sim.model_server import last_user_text, rules, text, tool_call
+from gateway.store import PlatformStateStore
 from platforms.base import Accepted, AdapterState, MessageEvent
 from platforms.discord import TOKEN_REJECTED, DiscordAdapter, DiscordSettings, DiscordStartupError, delivery_nonce
 
@@ -66,9 +68,11 @@ Start = Callable[..., Awaitable[tuple[Any, DiscordAdapter]]]
 def start(sim: DiscordSimulator, make_gateway: Any) -> Start:
     """A gateway with Discord enabled against the simulator (the simulator outlives it), once connected."""
 
-    async def _start(responder: Any = None, *, wait: bool = True, **platform: Any) -> tuple[Any, DiscordAdapter]:
+    async def _start(responder: Any = None, *, wait: bool = True, limits: dict[str, Any] | None = None,
+                     **platform: Any) -> tuple[Any, DiscordAdapter]:
         h = await make_gateway({"platforms": {"discord": _platform(sim, **platform)},
-                                "auth": {"platforms": {"discord": {"allowed_users": [str(ALICE_ID), str(BOB_ID)]}}}},
+                                "auth": {"platforms": {"discord": {"allowed_users": [str(ALICE_ID), str(BOB_ID)]}}},
+                                "limits": limits or {}},
                                responder=responder)
         adapter = h.gateway.adapters["discord"]
         if wait:
@@ -337,7 +341,7 @@ async def test_a_bad_token_fails_discord_only(sim: DiscordSimulator, start: Star
     assert f"platform discord failed to start: {TOKEN_REJECTED}" in caplog.text
     status, ready = await _readyz(h)
     assert status == 503 and ready["platforms"]["discord"] == {
-        "platform": "discord", "state": "failed", "last_error": TOKEN_REJECTED}
+        "platform": "discord", "state": "failed", "receiving": False, "last_error": TOKEN_REJECTED}
     code, body = await h.post_webhook()
     assert code == 202
     assert (await h.wait_run(body["run_id"]))["status"] == "completed"
@@ -358,6 +362,28 @@ async def test_backfill_after_a_restart(sim: DiscordSimulator, start: Start) -> 
     await asyncio.sleep(0.2)
     assert _user_texts(second) == ["while the gateway was down"]  # "before" was not answered twice
     assert len(sim.bot_messages()) == 2
+    # the cursors live in the gateway's store, shared by its replicas, not in a file of this one
+    adapter = second.gateway.adapters["discord"]
+    assert adapter.settings.state_file is not None and not adapter.settings.state_file.exists()
+    saved = json.loads(await PlatformStateStore(second.gateway.store).load("discord:backfill-cursors") or "{}")
+    assert str(sim.dm_channel_id()) in saved["channels"]
+
+
+async def test_backfill_reads_every_page_and_goes_before_live_messages(sim: DiscordSimulator, start: Start) -> None:
+    many = {"user_messages_per_minute": 1000, "user_burst": 1000}
+    first, _ = await start(guild_ready_timeout=0.5, limits=many)  # backfill starts half a second after READY
+    sim.user_sends_dm("before the restart")
+    await sim.wait_for_bot_messages(1)
+    await first.gateway.stop(drain_timeout=1)
+    for i in range(130):  # more than one page of channel history
+        sim.user_sends_dm(f"missed {i}")
+    second, _ = await start(wait=False, guild_ready_timeout=0.5, limits=many)
+    await sim.wait_for(lambda: len(sim.identifies) == 2)
+    sim.user_sends_dm("live, right after READY")  # arrives before the backfill has run
+    await sim.wait_for_bot_messages(132, timeout=30)
+    await asyncio.sleep(0.2)
+    assert _user_texts(second) == [f"missed {i}" for i in range(130)] + ["live, right after READY"]
+    assert len(sim.bot_messages()) == 132
 
 
 # --------------------------------------------------------------------------- configuration
@@ -549,3 +575,109 @@ async def test_replayed_duplicates_reach_the_inbox_with_the_same_id(sim: Discord
     first, again = inbox.events
     assert first.event_id == again.event_id and first.dedupe_key == f"discord:{first.event_id}"
     assert BOT_ID not in {int(e.user_id) for e in inbox.events}
+
+
+# --------------------------------------------------------------------------- receiving switched on and off
+
+
+def _adapter(sim: DiscordSimulator) -> DiscordAdapter:
+    return DiscordAdapter(DiscordSettings(token=sim.token, api_base_url=sim.api_base_url, gateway_url=sim.gateway_url,
+                                          guild_ready_timeout=0.05, heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                                          reconnect_backoff=BACKOFF))
+
+
+class _HoldingInbox(_Inbox):
+    """An inbox slow to store: each hand-over waits for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding, self.release = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self, event: MessageEvent) -> Accepted:
+        self.holding.set()
+        await asyncio.wait_for(self.release.wait(), 5)
+        return await super().__call__(event)
+
+
+async def test_send_only_until_start_receiving_and_a_stopped_gap_is_backfilled(sim: DiscordSimulator) -> None:
+    adapter, inbox = _adapter(sim), _Inbox()
+    await adapter.connect(inbox, receive=False)
+    try:
+        chat = str(sim.dm_channel_id())
+        sent = await adapter.send(chat, "sent over REST alone")
+        assert sent.success and (await adapter.edit_message(chat, sent.message_id or "", "edited")).success
+        sim.user_sends_dm("nobody is listening")
+        await asyncio.sleep(0.3)
+        assert (adapter.state, adapter.receiving, adapter.status()["receiving"]) == (AdapterState.CONNECTED, False,
+                                                                                     False)
+        assert not sim.connections and inbox.events == []
+
+        for _ in range(2):
+            await adapter.start_receiving()
+        await sim.wait_for(lambda: adapter.state is AdapterState.CONNECTED and sim.identifies)
+        assert len(sim.connections) == 1 and adapter.receiving
+        sim.user_sends_dm("hello")
+        await sim.wait_for(lambda: [e.text for e in inbox.events] == ["hello"])
+
+        for _ in range(2):
+            await adapter.stop_receiving()
+        assert not any(c.open for c in sim.connections) and not adapter.receiving
+        assert adapter.state is AdapterState.CONNECTED
+        sim.user_sends_dm("while stopped")
+        assert (await adapter.send(chat, "sent after stop_receiving")).success
+        await asyncio.sleep(0.3)
+        assert [e.text for e in inbox.events] == ["hello"]
+
+        await adapter.start_receiving()  # a new session: Discord replays nothing, the backfill fetches the gap
+        await sim.wait_for(lambda: [e.text for e in inbox.events] == ["hello", "while stopped"])
+        assert len(sim.identifies) == 2 and sum(c.open for c in sim.connections) == 1
+        assert [m["content"] for m in sim.bot_messages()] == ["edited", "sent after stop_receiving"]
+    finally:
+        await adapter.disconnect()
+    assert not any(c.open for c in sim.connections)
+
+
+async def test_a_message_in_hand_when_receiving_stops_is_still_handed_over(sim: DiscordSimulator) -> None:
+    adapter, inbox = _adapter(sim), _HoldingInbox()
+    await adapter.connect(inbox)
+    try:
+        await sim.wait_for(lambda: adapter.state is AdapterState.CONNECTED)
+        sim.user_sends_dm("in hand")
+        await asyncio.wait_for(inbox.holding.wait(), 5)
+        await adapter.stop_receiving()
+        inbox.release.set()
+        await sim.wait_for(lambda: [e.text for e in inbox.events] == ["in hand"])
+    finally:
+        await adapter.disconnect()
+
+
+def test_run_on_config(tmp_path: Path) -> None:
+    env = {"HERMES_GATEWAY_HOME": str(tmp_path)}
+    base = {"enabled": True, "token": "t0k3n"}
+
+    def discord(**section: Any) -> Any:
+        return parse_config({"platforms": {"discord": {**base, **section}}}, env)
+
+    def error(**section: Any) -> ConfigError:
+        with pytest.raises(ConfigError) as info:
+            discord(**section)
+        return info.value
+
+    assert [receives_on(discord(run_on=v), "discord") for v in ("leader", "all")] == ["leader", "all"]
+    assert receives_on(discord(), "discord") == "leader" and discord().platforms.discord.shard_ids is None
+    cfg = discord(run_on="shard:2, 0", shard_count=3)
+    adapter = build_adapters(cfg)["discord"]
+    assert isinstance(adapter, DiscordAdapter) and receives_on(cfg, "discord") == "all"
+    assert (cfg.platforms.discord.run_on, adapter.settings.shard_ids, adapter.settings.shard_count) == (
+        "shard:2,0", (2, 0), 3)
+    assert discord(run_on="shard:1", shard_count=2, shard_ids=[1]).platforms.discord.shard_ids == [1]
+    assert receives_on(cfg, "webhook") == receives_on(cfg, "callback") == "all"
+    for section, path, message in [
+        ({"run_on": "shard:1"}, "run_on", "shard:1 needs shard_count (set shard_count"),
+        ({"run_on": "shard:1,3", "shard_count": 3}, "run_on", "shard ids [3] are not below shard_count 3"),
+        ({"run_on": "shard:1,1", "shard_count": 3}, "run_on", "names a shard twice"),
+        ({"run_on": "shards"}, "run_on", "unknown value 'shards' (write leader, all, or shard:<ids>"),
+        ({"run_on": "shard:1", "shard_count": 3, "shard_ids": [0]}, "shard_ids", "conflicts with run_on: shard:1"),
+    ]:
+        err = error(**section)
+        assert err.path == f"platforms.discord.{path}" and message in str(err), str(err)

@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
+from gateway.adapters import receives_on
 from gateway.app import Gateway
 from gateway.config import ConfigError, parse_config
 from gateway.sim.model_server import ScriptedModel, Turn, rules, text, tool_call
 from gateway.sim.slack_api import DEFAULT_CHANNEL, DEFAULT_USER, SlackSimulator
+from platforms.base import Accepted, MessageEvent
 from platforms.slack import MAX_PART_LENGTH, SlackAdapter, SlackSettings, to_mrkdwn
 from tests.conftest import Harness, base_config, deep_merge
 
@@ -330,7 +333,7 @@ async def test_bad_token_fails_slack_clearly_and_the_rest_keeps_running(
     with caplog.at_level(logging.ERROR, logger="gateway.app"):
         h = await start(**token)
     assert f"platform slack failed to start: {expected}" in caplog.text
-    assert _adapter(h).status() == {"platform": "slack", "state": "failed", "last_error": expected}
+    assert _adapter(h).status() == {"platform": "slack", "state": "failed", "receiving": False, "last_error": expected}
     assert sim.live_sockets == []
     async with h.http.get(f"{h.base_url}/readyz") as r:
         ready = await r.json()
@@ -355,6 +358,167 @@ async def test_send_failures_map_to_retryable_results(sim: SlackSimulator, start
     assert (missing.success, missing.retryable) == (False, False)  # the outbox falls back to a new message
     posted = await adapter.send(DEFAULT_CHANNEL, "in a thread", metadata={"thread_id": "5.000001"})
     assert posted.success and sim.messages()[-1].thread_ts == "5.000001" and posted.message_id == sim.messages()[-1].ts
+
+
+@pytest.mark.parametrize("thread", [None, "5.000001"])
+async def test_a_part_in_doubt_is_looked_up_by_its_delivery_id_and_never_posted_twice(
+        sim: SlackSimulator, start: Start, thread: str | None) -> None:
+    adapter = _adapter(await start())
+    meta = {"delivery_id": "run:r1:0", **({"thread_id": thread} if thread else {})}
+    first = await adapter.send(DEFAULT_CHANNEL, "the answer", metadata=meta)
+    assert sim.messages()[-1].metadata == {"event_type": "hermes_delivery",
+                                           "event_payload": {"delivery_id": "run:r1:0"}}
+    # the gateway died before recording the send; the restarted sender marks the part in doubt
+    again = await adapter.send(DEFAULT_CHANNEL, "the answer", metadata={**meta, "in_doubt": "1"})
+    assert (again.success, again.message_id) == (True, first.message_id)
+    assert [m.text for m in sim.messages()] == ["the answer"]
+    # in doubt, but never posted (it died before the post): posted now
+    other = await adapter.send(DEFAULT_CHANNEL, "part two", metadata={**meta, "delivery_id": "run:r1:1",
+                                                                       "in_doubt": "1"})
+    assert other.success and [m.text for m in sim.messages()] == ["the answer", "part two"]
+    lookups = [c.method for c in sim.calls if c.method.startswith("conversations.")]
+    assert lookups == ["conversations.replies" if thread else "conversations.history"] * 2
+
+
+async def test_a_failed_lookup_posts_again_rather_than_lose_the_part(sim: SlackSimulator, start: Start) -> None:
+    adapter = _adapter(await start())
+    sim.fail_next("conversations.history", "missing_scope")
+    result = await adapter.send(DEFAULT_CHANNEL, "answer", metadata={"delivery_id": "run:r2:0", "in_doubt": "1"})
+    assert result.success and [m.text for m in sim.messages()] == ["answer"]
+
+
+# ------------------------------------------------------------------ receiving switched on and off
+
+
+class _Inbox:
+    """Stands in for the gateway: keeps every event; ``hold`` makes the next hand-over wait."""
+
+    def __init__(self) -> None:
+        self.events: list[MessageEvent] = []
+        self.hold: asyncio.Event | None = None
+        self.holding = asyncio.Event()
+
+    @property
+    def texts(self) -> list[str]:
+        return [e.text for e in self.events]
+
+    async def __call__(self, event: MessageEvent) -> Accepted:
+        if self.hold is not None:
+            self.holding.set()
+            await asyncio.wait_for(self.hold.wait(), 5)
+            self.hold = None
+        self.events.append(event)
+        return Accepted(None, False)
+
+
+def _settings(sim: SlackSimulator, **changes: Any) -> SlackSettings:
+    return SlackSettings(**{"bot_token": sim.bot_token, "app_token": sim.app_token,
+                            "signing_secret": sim.signing_secret, "api_base_url": sim.base_url,
+                            "ping_interval": 0.2, **changes})
+
+
+async def test_socket_mode_receives_only_between_start_and_stop_receiving(sim: SlackSimulator) -> None:
+    inbox = _Inbox()
+    adapter = SlackAdapter(_settings(sim))
+    await adapter.connect(inbox, receive=False)
+    try:
+        early = await sim.user_sends_dm("while send-only")  # Slack holds it until a connection opens
+        assert (await adapter.send(DEFAULT_CHANNEL, "sent while send-only")).success
+        await asyncio.sleep(0.3)
+        assert (adapter.state.value, adapter.status()["receiving"], inbox.texts) == ("connected", False, [])
+        assert sim.sockets == [] and sim.calls_of("apps.connections.open") == []
+
+        for _ in range(2):
+            await adapter.start_receiving()
+        assert len(sim.live_sockets) == 1 and len(sim.calls_of("apps.connections.open")) == 1
+        await sim.wait_for_ack(early.delivery)
+        assert inbox.texts == ["while send-only"] and adapter.receiving
+
+        for _ in range(2):
+            await adapter.stop_receiving()
+        assert sim.live_sockets == [] and not adapter.receiving and adapter.state.value == "connected"
+        late = await sim.user_sends_dm("while stopped")
+        assert (await adapter.send(DEFAULT_CHANNEL, "sent while stopped")).success
+        await asyncio.sleep(0.3)
+        assert inbox.texts == ["while send-only"] and not late.delivery.acked
+
+        await adapter.start_receiving()
+        await sim.wait_for_ack(late.delivery)
+        assert inbox.texts == ["while send-only", "while stopped"]
+        assert [m.text for m in sim.messages(DEFAULT_CHANNEL)] == ["sent while send-only", "sent while stopped"]
+    finally:
+        await adapter.disconnect()
+
+
+async def test_an_envelope_in_hand_when_receiving_stops_is_redelivered_not_lost(sim: SlackSimulator) -> None:
+    inbox = _Inbox()
+    adapter = SlackAdapter(_settings(sim))
+    await adapter.connect(inbox)
+    try:
+        inbox.hold = asyncio.Event()
+        action = await sim.user_sends_dm("in hand")
+        await asyncio.wait_for(inbox.holding.wait(), 5)
+        await adapter.stop_receiving()  # the socket closes before the envelope could be acknowledged
+        inbox.hold.set()
+        await sim.wait_for(lambda: inbox.texts == ["in hand"])
+        await asyncio.sleep(0.2)
+        assert not action.delivery.acked  # acknowledged only after on_message, and that socket is gone
+        await adapter.start_receiving()
+        await sim.wait_for_ack(action.delivery)
+        first, again = inbox.events  # the same event again: the gateway's inbox drops the repeat
+        assert first.event_id == again.event_id == action.delivery.event_id
+        assert [e.retry_attempt for e in action.delivery.envelopes] == [0, 1]
+    finally:
+        await adapter.disconnect()
+
+
+async def test_http_events_get_503_while_not_receiving_and_slack_retries(sim: SlackSimulator) -> None:
+    inbox = _Inbox()
+    adapter = SlackAdapter(_settings(sim, mode="http", app_token=None))
+    app = web.Application()
+    app.add_routes(adapter.http_routes())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    sim.request_url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
+    await adapter.connect(inbox, receive=False)
+    try:
+        early = await sim.user_sends_dm("while send-only")
+        assert (await adapter.send(DEFAULT_CHANNEL, "sent while send-only")).success
+        for _ in range(2):
+            await adapter.start_receiving()
+        await sim.redeliver(early.delivery)  # Slack's retry of the refused request
+        assert [a.status for a in early.delivery.http] == [503, 200] and inbox.texts == ["while send-only"]
+
+        for _ in range(2):
+            await adapter.stop_receiving()
+        late = await sim.user_sends_dm("while stopped")
+        assert (await adapter.send(DEFAULT_CHANNEL, "sent while stopped")).success
+        await adapter.start_receiving()
+        await sim.redeliver(late.delivery)
+        assert [a.status for a in late.delivery.http] == [503, 200]
+        assert inbox.texts == ["while send-only", "while stopped"] and sim.live_sockets == []
+    finally:
+        await adapter.disconnect()
+        await runner.cleanup()
+
+
+def test_run_on_is_leader_or_all_and_http_mode_receives_everywhere() -> None:
+    def slack(**section: str) -> str:
+        cfg = parse_config({"platforms": {"slack": section}}, {})
+        assert receives_on(cfg, "slack") == cfg.platforms.slack.run_on
+        return cfg.platforms.slack.run_on
+
+    assert (slack(), slack(run_on="all"), slack(mode="http"), slack(mode="http", run_on="all")) == (
+        "leader", "all", "all", "all")
+    for section, message in [
+        ({"mode": "http", "run_on": "leader"}, "http mode receives on every replica (Slack posts each event"),
+        ({"run_on": "one"}, "Input should be 'leader' or 'all'"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            parse_config({"platforms": {"slack": section}}, {})
+        assert info.value.path == "platforms.slack.run_on" and message in str(info.value)
 
 
 def test_config_requires_the_tokens_of_the_chosen_mode() -> None:

@@ -21,9 +21,11 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.adapters import receives_on
 from gateway.app import Gateway
 from gateway.config import ConfigError, parse_config
 from gateway.sim.model_server import ScriptedModel, rules, text, tool_call
@@ -360,6 +362,7 @@ async def test_poll_errors_back_off_and_disconnect_is_fast(world: World) -> None
     world.sim.fail_next("getUpdates", 2, error_code=502)
     world.sim.fail_next("getUpdates", error_code=429, retry_after=1)
     gateway = await world.start({"poll_timeout": 30})
+    await world.sim.wait_for(lambda: [c.status for c in world.sim.calls_of("getUpdates")] == [502])
     assert (await world.readyz(gateway))["platforms"]["telegram"]["state"] == "connecting"
     world.sim.user_sends("still there?")
     await world.sim.wait_for_messages(1, ALICE, timeout=10)
@@ -448,7 +451,8 @@ async def test_rejected_token_fails_clearly_and_webhooks_keep_working(world: Wor
     assert any(message in r.getMessage() for r in caplog.records)
     ready = await world.readyz(gateway)
     assert ready["ready"] is False
-    assert ready["platforms"]["telegram"] == {"platform": "telegram", "state": "failed", "last_error": message}
+    assert ready["platforms"]["telegram"] == {"platform": "telegram", "state": "failed", "receiving": False,
+                                             "last_error": message}
 
     body = json.dumps({"ref": "refs/heads/main"}).encode()
     headers = {"Content-Type": "application/json", "X-GitHub-Event": "push",
@@ -560,7 +564,7 @@ async def test_startup_errors_name_the_setting_to_fix(world: World, changes: dic
     adapter = TelegramAdapter(_settings(world.sim, **changes))
     with pytest.raises(RuntimeError, match=re.escape(message)):
         await adapter.connect(_never_called)
-    assert adapter.status() == {"platform": "telegram", "state": "failed", "last_error": message}
+    assert adapter.status() == {"platform": "telegram", "state": "failed", "receiving": False, "last_error": message}
     await adapter.disconnect()
 
 
@@ -579,7 +583,169 @@ async def _never_called(event: MessageEvent) -> Accepted:
     raise AssertionError(f"unexpected event {event}")
 
 
+# --- receiving switched on and off (replicas: every one sends, one receives) ---------------------------
+
+class _Inbox:
+    """Stands in for the gateway: keeps the text of every event; ``hold`` makes the next hand-over wait."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.hold: asyncio.Event | None = None
+        self.holding = asyncio.Event()
+
+    async def __call__(self, event: MessageEvent) -> Accepted:
+        if self.hold is not None:
+            self.holding.set()
+            await asyncio.wait_for(self.hold.wait(), 5)
+            self.hold = None
+        self.texts.append(event.text)
+        return Accepted(None, False)
+
+
+async def test_polling_receives_only_between_start_and_stop_receiving(world: World) -> None:
+    sim, inbox = world.sim, _Inbox()
+    adapter = TelegramAdapter(_settings(sim, poll_timeout=5))
+    await adapter.connect(inbox, receive=False)
+    try:
+        sim.user_sends("while send-only")
+        assert (await adapter.send(str(ALICE), "sent while send-only")).success
+        await _quiet()
+        assert (adapter.state.value, adapter.receiving, inbox.texts) == ("connected", False, [])
+        assert adapter.status()["receiving"] is False
+        assert sim.calls_of("getUpdates") == [] and sim.calls_of("deleteWebhook") == []
+
+        for _ in range(2):
+            await adapter.start_receiving()
+        await sim.wait_for(lambda: inbox.texts == ["while send-only"])
+        assert adapter.receiving and adapter.status()["receiving"] is True
+        assert len(sim.calls_of("deleteWebhook")) == 1
+
+        for _ in range(2):
+            await adapter.stop_receiving()
+        assert (adapter.state.value, adapter.receiving) == ("connected", False)
+        assert sim.calls_of("getUpdates")[-1].params["timeout"] == 0 and sim.pending_updates == []  # confirmed
+        polls = len(sim.calls_of("getUpdates"))
+        sim.user_sends("while stopped")
+        assert (await adapter.send(str(ALICE), "sent while stopped")).success
+        await _quiet()
+        assert inbox.texts == ["while send-only"] and len(sim.calls_of("getUpdates")) == polls
+        assert [u["message"]["text"] for u in sim.pending_updates] == ["while stopped"]  # left with Telegram
+
+        await adapter.start_receiving()
+        await sim.wait_for(lambda: inbox.texts == ["while send-only", "while stopped"])
+        assert [m.text for m in sim.sent_messages(ALICE)] == ["sent while send-only", "sent while stopped"]
+    finally:
+        await adapter.disconnect()
+
+
+async def test_polling_moves_between_replicas_without_losing_or_repeating_an_update(world: World) -> None:
+    sim, first_inbox, second_inbox = world.sim, _Inbox(), _Inbox()
+    first, second = (TelegramAdapter(_settings(sim, poll_timeout=5)) for _ in range(2))
+    await first.connect(first_inbox)
+    await second.connect(second_inbox, receive=False)
+    try:
+        sim.user_sends("to the first leader")
+        await sim.wait_for(lambda: first_inbox.texts == ["to the first leader"])
+        await first.stop_receiving()  # leadership moves
+        sim.user_sends("in between")
+        await second.start_receiving()
+        sim.user_sends("to the second leader")
+        await sim.wait_for(lambda: second_inbox.texts == ["in between", "to the second leader"])
+        assert (await first.send(str(ALICE), "the old leader still sends")).success
+        await _quiet()
+        assert first_inbox.texts == ["to the first leader"] and len(second_inbox.texts) == 2
+    finally:
+        await first.disconnect()
+        await second.disconnect()
+
+
+async def test_stopping_lets_the_update_being_stored_finish_and_confirms_it(world: World) -> None:
+    sim, inbox = world.sim, _Inbox()
+    adapter = TelegramAdapter(_settings(sim, poll_timeout=5))
+    await adapter.connect(inbox)
+    try:
+        inbox.hold = asyncio.Event()
+        update = sim.user_sends("being stored")
+        await asyncio.wait_for(inbox.holding.wait(), 5)
+        stopping = asyncio.create_task(adapter.stop_receiving())
+        await _quiet(0.1)
+        assert not stopping.done()  # waits for the hand-over instead of cutting it off
+        inbox.hold.set()
+        await asyncio.wait_for(stopping, 5)
+        assert inbox.texts == ["being stored"] and sim.pending_updates == []
+        assert sim.calls_of("getUpdates")[-1].params["offset"] == update["update_id"] + 1
+        await adapter.start_receiving()
+        sim.user_sends("next")
+        await sim.wait_for(lambda: inbox.texts == ["being stored", "next"])  # never offered twice
+    finally:
+        await adapter.disconnect()
+
+
+async def test_webhook_route_refuses_updates_while_not_receiving_and_telegram_delivers_again(world: World) -> None:
+    sim, inbox = world.sim, _Inbox()
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/telegram/webhook"
+    adapter = TelegramAdapter(_settings(sim, mode="webhook", webhook_url=url, webhook_secret=HOOK_SECRET))
+    app = web.Application()
+    app.add_routes(adapter.http_routes())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await adapter.connect(inbox, receive=False)
+    try:
+        sim.add_chat(ALICE)
+        assert (await adapter.send(str(ALICE), "sent while send-only")).success
+        update = {"update_id": 1, "message": {"message_id": 1, "date": 0, "text": "direct",
+                                              "chat": {"id": ALICE, "type": "private"},
+                                              "from": {"id": ALICE, "is_bot": False, "first_name": "A"}}}
+        async with world.http.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": HOOK_SECRET}) as r:
+            assert r.status == 503
+        assert sim.calls_of("setWebhook") == [] and sim.calls_of("getUpdates") == [] and inbox.texts == []
+
+        for _ in range(2):
+            await adapter.start_receiving()
+        assert len(sim.calls_of("setWebhook")) == 1 and sim.webhook_url == url and adapter.receiving
+        sim.user_sends("first")
+        await sim.wait_for(lambda: inbox.texts == ["first"])
+
+        for _ in range(2):
+            await adapter.stop_receiving()
+        stopped = sim.user_sends("while stopped")["update_id"]
+        await sim.wait_for(lambda: len([d for d in sim.deliveries if d.update_id == stopped]) >= 2)
+        assert {d.status for d in sim.deliveries if d.update_id == stopped} == {503}  # refused, so redelivered
+        assert (await adapter.send(str(ALICE), "sent while stopped")).success
+        assert inbox.texts == ["first"] and sim.webhook_url == url  # other replicas may still serve the webhook
+        assert sim.calls_of("deleteWebhook") == []
+
+        await adapter.start_receiving()
+        await sim.wait_for(lambda: inbox.texts == ["first", "while stopped"], timeout=5)
+        assert sim.pending_updates == [] and sim.calls_of("getUpdates") == []
+    finally:
+        await adapter.disconnect()
+        await runner.cleanup()
+
+
 # --- configuration -----------------------------------------------------------------------------------
+
+def test_run_on_follows_the_mode_and_rejects_what_it_cannot_honour() -> None:
+    def telegram(**section: str) -> str:
+        cfg = parse_config({"platforms": {"telegram": section}}, {})
+        assert receives_on(cfg, "telegram") == cfg.platforms.telegram.run_on
+        return cfg.platforms.telegram.run_on
+
+    assert (telegram(), telegram(run_on="leader"), telegram(mode="webhook"), telegram(mode="webhook", run_on="all")
+            ) == ("leader", "leader", "all", "all")
+    for section, message in [
+        ({"run_on": "all"}, "polling mode receives on the leader only (Telegram ends all but one concurrent "
+                            "getUpdates with 409 Conflict; write leader, or use mode: webhook"),
+        ({"mode": "webhook", "run_on": "leader"}, "webhook mode receives on every replica (Telegram posts each "
+                                                  "update to webhook_url"),
+        ({"run_on": "everyone"}, "Input should be 'leader' or 'all'"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            parse_config({"platforms": {"telegram": section}}, {})
+        assert info.value.path == "platforms.telegram.run_on" and message in str(info.value)
+
 
 def test_config_requires_a_token_and_the_webhook_settings() -> None:
     with pytest.raises(ConfigError) as info:

@@ -421,3 +421,19 @@ async def test_503_with_retry_after_once_the_adapter_is_disconnected(make_gatewa
     assert (reply.status, reply.body) == (503, {"error": "gateway is not accepting webhooks right now"})
     assert reply.headers["Retry-After"] == "5"
     await _assert_nothing_accepted(h)
+
+
+async def test_503_while_not_receiving_and_202_once_receiving_again(make_gateway) -> None:
+    h = await make_gateway(_config())
+    adapter = h.gateway.adapters["webhook"]
+    for _ in range(2):
+        await adapter.stop_receiving()
+    assert (adapter.state, adapter.receiving) == (AdapterState.CONNECTED, False)
+    body = _body(PAYLOAD)
+    headers = _headers("github", body, delivery_id="while-stopped")
+    refused = await _post(h, ROUTE["github"], body, headers)
+    assert (refused.status, refused.headers["Retry-After"]) == (503, "5")
+    await _assert_nothing_accepted(h)
+    for _ in range(2):
+        await adapter.start_receiving()
+    assert (await _post(h, ROUTE["github"], body, headers)).status == 202  # the sender's retry is taken

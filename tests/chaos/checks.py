@@ -1,0 +1,299 @@
+"""What the chaos test asserts: every input has exactly one completed run, every answer was delivered exactly
+once and in order, judged by the gateway's database (read after shutdown) and the simulators' own records."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.chaos.driver import PLATFORMS, Driver, Input
+from tests.chaos.world import TOKEN, World, reply_for
+
+MAX_LISTED = 15  # offenders listed per kind; the count says how many there were
+
+
+@dataclass(slots=True, frozen=True)
+class Reply:
+    """A bot message as its platform shows it now (edits applied), or one callback delivery."""
+
+    platform: str
+    chat: str
+    text: str
+    ident: str  # the platform's message id, or the callback's webhook-id
+
+
+@dataclass(slots=True, frozen=True)
+class InboxRow:
+    """An accepted event (table ``inbox``)."""
+
+    id: int
+    dedupe_key: str
+    session_key: str
+    status: str
+    run_id: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class RunRow:
+    """A run (table ``runs``)."""
+
+    id: str
+    status: str
+    result: str | None
+    attempts: int
+
+
+@dataclass(slots=True, frozen=True)
+class OutboxRow:
+    """A part to deliver (table ``outbox``)."""
+
+    id: int
+    dedupe_key: str
+    run_id: str | None
+    platform: str
+    chat_id: str
+    status: str
+    attempts: int
+    in_doubt: int
+    lane: str  # parts of one lane go out in order: a chat, or (callbacks) one run's parts
+
+
+@dataclass(slots=True)
+class Db:
+    """The gateway's inbox, runs and outbox; ``has_in_doubt`` tells whether the outbox has that column yet."""
+
+    inbox: dict[str, InboxRow]
+    runs: dict[str, RunRow]
+    outbox: list[OutboxRow]
+    has_in_doubt: bool
+
+
+def read_db(path: Path) -> Db:
+    """Read the tables the checks need (after the gateway stopped)."""
+    with closing(sqlite3.connect(path, timeout=10)) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(outbox)")}
+        has_in_doubt = "in_doubt" in columns
+        inbox = {r[1]: InboxRow(*r) for r in db.execute(
+            "SELECT id, dedupe_key, session_key, status, run_id FROM inbox ORDER BY id")}
+        runs = {r[0]: RunRow(*r) for r in db.execute("SELECT id, status, result, attempts FROM runs")}
+        doubt = "in_doubt" if has_in_doubt else "0"
+        lane = "lane" if "lane" in columns else "platform || ':' || chat_id"
+        outbox = [OutboxRow(*r) for r in db.execute(
+            f"SELECT id, dedupe_key, run_id, platform, chat_id, status, attempts, {doubt}, {lane} FROM outbox "
+            "ORDER BY id")]
+    return Db(inbox, runs, outbox, has_in_doubt)
+
+
+def db_progress(path: Path) -> tuple[set[str], int, int, int]:
+    """While the gateway runs: (inbox keys, inbox rows not finished, outbox parts not sent, outbox parts sent)."""
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+        keys = {row[0] for row in db.execute("SELECT dedupe_key FROM inbox")}
+        busy = db.execute("SELECT count(*) FROM inbox WHERE status IN ('pending', 'running')").fetchone()[0]
+        pending = db.execute("SELECT count(*) FROM outbox WHERE status = 'pending'").fetchone()[0]
+        sent = db.execute("SELECT count(*) FROM outbox WHERE status = 'sent'").fetchone()[0]
+    return keys, busy, pending, sent
+
+
+def delivered(world: World) -> list[Reply]:
+    """Every answer the platforms show, per chat in the order they appeared, and every callback delivery."""
+    tg, replies = world.telegram, []
+    for chat in sorted({s.chat_id for s in tg.sent_messages() if s.chat_id is not None}):
+        replies += [Reply("telegram", str(chat), m.get("text", ""), str(m["message_id"]))
+                    for m in tg.chat_history(chat) if m["from"]["id"] == tg.bot_id]
+    replies += [Reply("slack", m.channel, m.final_text, m.ts) for m in world.slack.messages()]
+    replies += [Reply("discord", str(m["channel_id"]), m["content"], str(m["id"]))
+                for m in world.discord.bot_messages()]
+    replies += [Reply("callback", d["target"], d["text"], d["webhook-id"]) for d in world.sink.received]
+    return replies
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Offenders by kind (empty: the guarantees held)."""
+
+    offenders: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    in_doubt_repeats: int = 0  # Telegram answers shown twice because their part was caught mid-send
+
+    def add(self, kind: str, line: str) -> None:
+        self.offenders[kind].append(line)
+
+    def failure_message(self, logs: Path) -> str:
+        parts = [f"the chaos test found {sum(map(len, self.offenders.values()))} violations (gateway logs: {logs})"]
+        for kind, lines in self.offenders.items():
+            parts.append(f"{kind} ({len(lines)}):")
+            parts += [f"  {line}" for line in lines[:MAX_LISTED]]
+            if len(lines) > MAX_LISTED:
+                parts.append(f"  ... and {len(lines) - MAX_LISTED} more")
+        return "\n".join(parts)
+
+
+def verify(inputs: Sequence[Input], db: Db, replies: Sequence[Reply], driver_problems: Iterable[str],
+           when: Callable[[float], str]) -> Verdict:
+    """Check the guarantees; see the module docstring. ``when`` places a send time in the gateway's lives."""
+    v = Verdict()
+    for problem in driver_problems:
+        v.add("webhook answers a sender would reject", problem)
+    by_token = {i.token: i for i in inputs}
+    run_of: dict[str, str] = {}  # token -> run id
+    for inp in inputs:
+        row = db.inbox.get(inp.dedupe_key)
+        if row is None:
+            v.add("lost: never reached the inbox", f"{inp.platform} chat {inp.reply_chat} {inp.token} "
+                                                   f"({inp.dedupe_key}), sent {when(inp.sent_at)}")
+            continue
+        run = db.runs.get(row.run_id or "")
+        if run is None:
+            v.add("accepted without a run", f"{inp.token}: inbox row {row.id} status={row.status}")
+            continue
+        run_of[inp.token] = run.id
+        if run.status != "completed" or run.result != reply_for(inp.token) or row.status != "done":
+            v.add("run not completed", f"{inp.token}: run {run.id} status={run.status} attempts={run.attempts} "
+                                       f"result={run.result!r} inbox status={row.status}")
+        if inp.run_id is not None and inp.run_id != run.id:
+            v.add("webhook answers a sender would reject", f"{inp.token}: 202 named run {inp.run_id}, "
+                                                           f"the inbox row has run {run.id}")
+    known_runs = set(run_of.values())
+    for run in db.runs.values():
+        if run.id not in known_runs:
+            v.add("runs no input asked for", f"run {run.id} status={run.status} result={run.result!r}")
+
+    parts_of: dict[str, list[OutboxRow]] = defaultdict(list)
+    for row in db.outbox:
+        parts_of[row.run_id or ""].append(row)
+    token_of_run = {run: token for token, run in run_of.items()}
+    for token, run_id in run_of.items():
+        parts = parts_of.get(run_id, [])
+        if len(parts) != 1 or parts[0].status != "sent":
+            v.add("outbox parts not sent once", f"{token}: run {run_id} parts "
+                                                f"{[(p.id, p.status, p.attempts) for p in parts]}")
+    _check_replies(v, inputs, by_token, run_of, parts_of, replies)
+    _check_order(v, inputs, db, token_of_run, replies)
+    return v
+
+
+def _check_replies(v: Verdict, inputs: Sequence[Input], by_token: dict[str, Input], run_of: dict[str, str],
+                   parts_of: dict[str, list[OutboxRow]], replies: Sequence[Reply]) -> None:
+    seen: dict[str, list[Reply]] = defaultdict(list)
+    for reply in replies:
+        match = TOKEN.search(reply.text)
+        inp = by_token.get(match.group(1)) if match else None
+        if inp is None or reply.text != reply_for(inp.token) or (reply.platform, reply.chat) != (
+                inp.reply_platform, inp.reply_chat):
+            v.add("unexpected replies", f"{reply.platform} chat {reply.chat} message {reply.ident}: {reply.text!r}")
+            continue
+        seen[inp.token].append(reply)
+    for inp in inputs:
+        if inp.token not in run_of:
+            continue  # reported as lost already
+        got = seen.get(inp.token, [])
+        parts = parts_of.get(run_of[inp.token], [])
+        if inp.reply_platform == "callback":
+            ids = Counter(r.ident for r in got)
+            expected = {p.dedupe_key for p in parts}
+            if set(ids) != expected:
+                v.add("callback deliveries with the wrong webhook-ids" if ids else "missing replies",
+                      f"{inp.token}: webhook-ids {dict(ids)}, outbox delivery keys {sorted(expected)}")
+            continue
+        if not got:
+            v.add("missing replies", f"{inp.platform} chat {inp.reply_chat} {inp.token}: outbox "
+                                     f"{[(p.id, p.status, p.attempts) for p in parts]}")
+        elif len(got) > 1:
+            in_doubt = [p.in_doubt for p in parts]
+            line = (f"{inp.platform} chat {inp.reply_chat} {inp.token}: {len(got)} messages "
+                    f"{[r.ident for r in got]}; outbox {[(p.id, p.status, p.attempts) for p in parts]} "
+                    f"in_doubt={in_doubt}")
+            if inp.platform == "telegram" and len(got) - 1 <= max(in_doubt, default=0):
+                v.in_doubt_repeats += len(got) - 1
+                continue  # sendMessage has no idempotency key: each send a kill cut short may have arrived
+            v.add("duplicate replies", line)
+
+
+def _first_tokens(replies: Iterable[Reply]) -> list[str]:
+    tokens: list[str] = []
+    for reply in replies:
+        match = TOKEN.search(reply.text)
+        if match and match.group(1) not in tokens:
+            tokens.append(match.group(1))
+    return tokens
+
+
+def _order(v: Verdict, kind: str, where: str, got: list[str], want: list[str]) -> None:
+    if got != want:
+        at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+        v.add(kind, f"{where}: from position {at}: {got[at:at + 6]} but expected {want[at:at + 6]}")
+
+
+def _check_order(v: Verdict, inputs: Sequence[Input], db: Db, token_of_run: dict[str, str],
+                 replies: Sequence[Reply]) -> None:
+    # 1. a chat shows the parts of each outbox lane in the lane's order (the sender's discipline)
+    lanes: dict[str, list[OutboxRow]] = defaultdict(list)
+    for row in db.outbox:
+        if row.status == "sent" and row.run_id in token_of_run:
+            lanes[row.lane].append(row)
+    shown: dict[tuple[str, str], list[Reply]] = defaultdict(list)
+    for reply in replies:
+        shown[(reply.platform, reply.chat)].append(reply)
+    for lane, rows in lanes.items():
+        want = [token_of_run[r.run_id or ""] for r in rows]
+        wanted = set(want)
+        got = [t for t in _first_tokens(shown.get((rows[0].platform, rows[0].chat_id), [])) if t in wanted]
+        _order(v, "chats answered out of outbox order", f"lane {lane}", got, want)
+    # 2. a session's answers follow the order its messages were accepted in (one run at a time, in order).
+    # Telegram and Discord hand a chat's messages over one after another; Slack delivers events (and its
+    # retries after a kill) concurrently, so which of two racing events is accepted first is arbitrary there.
+    position = {row.run_id: i for i, row in enumerate(db.outbox)}
+    sessions: dict[str, list[InboxRow]] = defaultdict(list)
+    for row in db.inbox.values():
+        if row.run_id in token_of_run and row.session_key.startswith(("telegram:", "discord:")):
+            sessions[row.session_key].append(row)
+    for key, rows in sessions.items():
+        accepted = [token_of_run[r.run_id or ""] for r in sorted(rows, key=lambda r: r.id)]
+        answered = [token_of_run[r.run_id or ""] for r in sorted(rows, key=lambda r: position.get(r.run_id, -1))]
+        _order(v, "sessions answered out of acceptance order", f"session {key}", answered, accepted)
+    # 3. Telegram and Discord deliver a chat's messages in order: the gateway accepts them in that order
+    for platform in ("telegram", "discord"):
+        chats: dict[str, list[Input]] = defaultdict(list)
+        for inp in inputs:
+            if inp.platform == platform and inp.dedupe_key in db.inbox:
+                chats[inp.reply_chat].append(inp)
+        for chat, sent in chats.items():
+            accepted = [i.token for i in sorted(sent, key=lambda i: db.inbox[i.dedupe_key].id)]
+            _order(v, "messages accepted out of the order they were sent", f"{platform} chat {chat}",
+                   accepted, [i.token for i in sent])
+
+
+def figures(world: World, driver: Driver, db: Db, replies: Sequence[Reply], verdict: Verdict) -> list[str]:
+    """The counts printed at the end of the run."""
+    sent = Counter(i.platform for i in driver.inputs)
+    offered = driver.offered
+    seen_updates = Counter(u["update_id"] for c in world.telegram.calls_of("getUpdates")
+                           for u in (c.response or {}).get("result") or [])
+    user_messages = {i.dedupe_key.split(":", 1)[1] for i in driver.inputs if i.platform == "discord"}
+    dispatched = Counter(p["d"]["id"] for c in world.discord.connections for p in c.sent
+                         if p.get("t") == "MESSAGE_CREATE" and p["d"]["id"] in user_messages)
+    slack_mine = {i.dedupe_key.split(":", 1)[1] for i in driver.inputs if i.platform == "slack"}
+    slack_attempts = sum(d.attempts - 1 for d in world.slack.deliveries if d.event_id in slack_mine)
+    shown = Counter(r.platform for r in replies)
+    webhook_ids = Counter(r.ident for r in replies if r.platform == "callback")
+    completed = sum(r.status == "completed" for r in db.runs.values())
+    return [
+        "inputs sent: " + ", ".join(f"{p} {sent[p]}" for p in PLATFORMS) + f" (total {len(driver.inputs)})",
+        f"offered again: telegram updates re-offered {sum(n > 1 for n in seen_updates.values())}; "
+        f"slack event retries {slack_attempts} ({offered.slack_retries} on purpose); "
+        f"discord RESUMEs {len(world.discord.resumes)} (op 7 on purpose {offered.discord_reconnects}), "
+        f"MESSAGE_CREATE replays {sum(n - 1 for n in dispatched.values())}, "
+        f"backfill fetches {len(world.discord.calls_of('channel_messages'))}; "
+        f"webhook redeliveries {offered.webhook_repeats} on purpose, {offered.webhook_retries} after no 2xx",
+        f"runs: {len(db.runs)} ({completed} completed, {sum(r.attempts > 1 for r in db.runs.values())} redone "
+        f"after a kill)",
+        "replies delivered: " + ", ".join(f"{p} {shown[p]}" for p in ("telegram", "slack", "discord"))
+        + f", callback {len(webhook_ids)} distinct webhook-ids in {shown['callback']} deliveries "
+        f"({shown['callback'] - len(webhook_ids)} repeats)",
+        "in-doubt parts: " + (str(sum(p.in_doubt > 0 for p in db.outbox)) if db.has_in_doubt
+                              else "n/a (the outbox has no in_doubt column yet)")
+        + f"; telegram answers shown twice while in doubt: {verdict.in_doubt_repeats}",
+    ]
