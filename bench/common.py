@@ -512,7 +512,7 @@ class ChatDouble(BasePlatformAdapter):
         self._answers: dict[str, asyncio.Future[float]] = {}
         self.deliveries = 0
 
-    async def connect(self, on_message: OnMessage) -> None:
+    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
         """Start accepting injected messages."""
         self._on_message = on_message
         self._set_state(AdapterState.CONNECTED)
