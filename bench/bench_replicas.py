@@ -17,12 +17,10 @@ import asyncio
 import itertools
 import os
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
 
 from bench.common import (
     MODEL_KEY,
@@ -36,30 +34,13 @@ from bench.common import (
     print_table,
     ratio,
     save_results,
+    scratch_database,
     webhook_responder,
     write_gateway_config,
 )
 from gateway.sim.model_server import ScriptedModel
 
 _WARMUP_SECONDS = 1.5
-
-
-async def _fresh_database(admin_url: str) -> str:
-    name = f"hermes_bench_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return admin_url.rsplit("/", 1)[0] + "/" + name
-
-
-async def _drop_database(admin_url: str, url: str) -> None:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-    finally:
-        await conn.close()
 
 
 async def _measure(label: str, store_url: str, replicas: int, home: Path, model_url: str, sink: BenchSink,
@@ -105,12 +86,9 @@ async def _main(args: argparse.Namespace) -> None:
                     rows.append(await _measure("sqlite, 1", f"sqlite:///{tmp}/sqlite/state.db", 1,
                                                Path(tmp) / "sqlite", model.base_url, sink, session, args))
                     for n in args.replicas:
-                        url = await _fresh_database(args.pg_url)
-                        try:
+                        async with scratch_database(args.pg_url, "hermes_bench") as url:
                             rows.append(await _measure(f"postgresql, {n}", url, n, Path(tmp) / f"pg{n}",
                                                        model.base_url, sink, session, args))
-                        finally:
-                            await _drop_database(args.pg_url, url)
             finally:
                 await sink.stop()
     base, one_pg = rows[0], rows[1]

@@ -18,13 +18,15 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import aiohttp
+import asyncpg
 import yaml
 from aiohttp import web
 
@@ -134,6 +136,28 @@ def save_results(name: str, data: Mapping[str, Any]) -> Path:
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
     print(f"\nresults written to {path.relative_to(ROOT)}")
     return path
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------------
+
+@asynccontextmanager
+async def scratch_database(admin_url: str, prefix: str) -> AsyncIterator[str]:
+    """A new, empty database on the server of ``admin_url`` (whose user may create databases), dropped
+    afterwards; yields its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield admin_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        admin = await asyncpg.connect(admin_url)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
 
 
 # -- subprocesses -------------------------------------------------------------------------------------

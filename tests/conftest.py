@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
 import pytest
 
+from bench.common import scratch_database
 from gateway.app import Gateway
 from gateway.config import parse_config
 from gateway.sim.callback_sink import CallbackSink
@@ -188,18 +188,8 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         if os.environ.get("CI"):
             pytest.fail(f"{PG_URL_ENV} is not set: CI must start PostgreSQL (.ci/start-postgres)")
         pytest.skip(f"PostgreSQL tests need {PG_URL_ENV} (run: export {PG_URL_ENV}=$(.ci/start-postgres))")
-    name = f"hermes_t_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(base)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield base.rsplit("/", 1)[0] + "/" + name
-    admin = await asyncpg.connect(base)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    async with scratch_database(base, "hermes_t") as url:
+        yield url
 
 
 @pytest.fixture
