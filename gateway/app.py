@@ -130,6 +130,7 @@ class Gateway:
         executor = RunExecutor(cfg, self.store, agent, self.adapters, self.outbox, self.metrics)
         self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics, coordinator)
         coordinator.on_locks_lost = self.router.locks_lost
+        coordinator.on_stop_request = self.router.stop_requested
         self.cron = CronService(cfg, self.store, self.router.on_message, self.outbox, self.adapters, self.metrics)
         executor.cron_hook = self.router.cron = self.cron
         self.router.mcp = self.mcp

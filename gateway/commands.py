@@ -67,8 +67,8 @@ class CommandHost(Protocol):
     async def reset_session(self, session_key: str) -> None:
         """Start a fresh conversation for the session."""
 
-    def stop_session(self, session_key: str) -> bool:
-        """Cancel the session's running run; whether one was running."""
+    async def stop_session(self, session_key: str) -> bool:
+        """Cancel the session's running run (on whichever replica runs it); whether one was running."""
 
     def session_status(self, session_key: str) -> dict[str, object]:
         """Model, queue depth, busy flag and uptime for ``/status``."""
@@ -106,7 +106,7 @@ async def _new(ctx: CommandContext) -> str:
 
 
 async def _stop(ctx: CommandContext) -> str:
-    return "Stopped the current run." if ctx.host.stop_session(ctx.session_key) else "Nothing is running."
+    return "Stopped the current run." if await ctx.host.stop_session(ctx.session_key) else "Nothing is running."
 
 
 async def _status(ctx: CommandContext) -> str:

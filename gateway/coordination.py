@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 # Two-key advisory lock classes (pg_advisory_lock(int4, int4)); session locks use the one-key form.
 _REPLICA_CLASS = 0x48524D01
 _LEADER_CLASS = 0x48524D02
+_STOP_CHANNEL = "hermes_stop"  # NOTIFY channel: "stop the work you hold this lock for"
 _ELECTION_INTERVAL = 1.0
 _HEALTH_INTERVAL = 2.0
 _CALL_TIMEOUT = 10.0
@@ -53,6 +54,8 @@ class Coordinator(ABC):
         """Called with the new state whenever this replica gains or loses leadership."""
         self.on_locks_lost: Callable[[], None] | None = None
         """Called when the session locks this replica held were lost (its connection dropped)."""
+        self.on_stop_request: Callable[[str], None] | None = None
+        """Called with a lock name when some replica asks the holder of that lock to stop its work."""
 
     @staticmethod
     def for_store(url: str) -> Coordinator:
@@ -90,6 +93,10 @@ class Coordinator(ABC):
     async def live_replicas(self) -> set[str] | None:
         """Ids of the replicas alive now (None when that cannot be told)."""
 
+    @abstractmethod
+    async def request_stop(self, name: str) -> bool:
+        """Ask the replica holding lock ``name`` to stop that work; returns whether another replica holds it."""
+
     def status(self) -> dict[str, Any]:
         """Readiness detail."""
         return {"replica": self.replica_id, "leader": self.is_leader, "sole": self.sole}
@@ -119,6 +126,9 @@ class LocalCoordinator(Coordinator):
     async def live_replicas(self) -> set[str] | None:
         return {self.replica_id}
 
+    async def request_stop(self, name: str) -> bool:
+        return False
+
 
 class PgCoordinator(Coordinator):
     """Advisory locks on a dedicated asyncpg connection (one per replica)."""
@@ -146,6 +156,7 @@ class PgCoordinator(Coordinator):
     async def _connect(self) -> None:
         conn = await asyncpg.connect(self.dsn, timeout=_CALL_TIMEOUT)
         await conn.execute("SELECT pg_advisory_lock($1, $2)", _REPLICA_CLASS, self._number)
+        await conn.add_listener(_STOP_CHANNEL, self._notified)
         self._conn = conn
         await self._elect()
 
@@ -224,6 +235,23 @@ class PgCoordinator(Coordinator):
             await self._fetchval("SELECT pg_advisory_unlock($1)", lock_key(name))
         except (OSError, asyncpg.PostgresError, TimeoutError, ConnectionError) as exc:
             self._lost(exc)
+
+    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        if self.on_stop_request is not None:
+            self.on_stop_request(payload)
+
+    async def request_stop(self, name: str) -> bool:
+        if name in self._held:
+            return False  # this replica holds it: the caller stops it here
+        if await self.try_lock(name):  # nobody does
+            await self.unlock(name)
+            return False
+        try:
+            await self._fetchval("SELECT pg_notify($1, $2)", _STOP_CHANNEL, name)
+        except (OSError, asyncpg.PostgresError, TimeoutError, ConnectionError) as exc:
+            self._lost(exc)
+            return False
+        return True
 
     async def live_replicas(self) -> set[str] | None:
         try:

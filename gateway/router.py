@@ -13,11 +13,10 @@ replica died, or they arrived while another replica was finishing the session).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from gateway.auth import SIGNED_PLATFORMS, Authorizer, Decision
@@ -78,6 +77,7 @@ class Router:
         self.coordinator = coordinator or LocalCoordinator()
         self._driving: set[str] = set()  # sessions this replica is running from the inbox (shared database)
         self._sweeper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
         self.pairing = PairingStore(store, cfg.auth.pairing_code_ttl_seconds, cfg.auth.max_pending_codes)
         self.auth = Authorizer(cfg.auth, self.pairing)
         self.limiter = InboundLimiter(cfg.limits)
@@ -183,8 +183,10 @@ class Router:
         return result.message
 
     def _submit(self, job: RunJob) -> None:
-        if self.cfg.gateway.busy == "interrupt" and job.kind == "chat":
-            self.stop_session(job.session_key)
+        interrupt = self.cfg.gateway.busy == "interrupt" and job.kind == "chat"
+        stopped_here = interrupt and self._stop_here(job.session_key)
+        if interrupt and not stopped_here and not self.coordinator.sole:  # it may run on another replica
+            self._spawn(self.coordinator.request_stop(f"session:{job.session_key}"))
         if not self.coordinator.sole:
             self._drive_soon(job.session_key)
             return
@@ -305,11 +307,11 @@ class Router:
             self.lanes.cancel_current(key)
 
     async def stop_sweeping(self) -> None:
-        """Stop looking for unattended events (shutdown)."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        """Stop looking for unattended events and asking other replicas to stop work (shutdown)."""
+        tasks = [t for t in (self._sweeper, *self._background) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- commands --------------------------------------------------------
 
@@ -334,13 +336,26 @@ class Router:
         """``/new``: forget the conversation."""
         await self.store.reset_session(session_key)
 
-    def stop_session(self, session_key: str) -> bool:
-        """``/stop``: cancel the session's running run."""
+    async def stop_session(self, session_key: str) -> bool:
+        """``/stop``: cancel the session's running run, here or on the replica that runs it."""
+        return self._stop_here(session_key) or await self.coordinator.request_stop(f"session:{session_key}")
+
+    def _stop_here(self, session_key: str) -> bool:
         run_id = self._running.get(session_key)
         if run_id is None:
             return False
         self.executor.request_stop(run_id)
         return self.lanes.cancel_current(session_key)
+
+    def stop_requested(self, lock_name: str) -> None:
+        """Another replica asked the holder of ``lock_name`` to stop (``/stop`` or an interrupting message)."""
+        if lock_name.startswith("session:"):
+            self._stop_here(lock_name.removeprefix("session:"))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def session_status(self, session_key: str) -> dict[str, object]:
         """Data for ``/status``."""

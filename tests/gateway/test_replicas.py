@@ -262,3 +262,20 @@ async def test_telegram_polling_runs_on_the_leader_only_and_moves_when_it_dies(c
     conflicts = [c for c in cluster.telegram.calls_of("getUpdates") if c.status == 409]
     assert conflicts == [], "two replicas polled at once"
     assert cluster.telegram.pending_updates == []
+
+
+async def test_stop_reaches_the_run_on_another_replica(cluster: Cluster) -> None:
+    first, second = await cluster.start(2)
+    cluster.model.responder = rules((r"^long task", text("too late", latency=30)))
+    assert await cluster.post_telegram(first, 1, "long task") == 200
+    await cluster.model.wait_for_requests(1, timeout=15)
+    assert await cluster.post_telegram(second, 2, "/stop") == 200
+
+    async def answered() -> bool:
+        return len(cluster.telegram.sent_messages(ALICE)) >= 1
+    await _eventually(answered, 15)
+    assert [m.text for m in cluster.telegram.sent_messages(ALICE)] == ["Stopped the current run."]
+
+    async def cancelled() -> bool:
+        return [r.status for r in await cluster.store.list_runs(5)] == ["cancelled"]
+    await _eventually(cancelled, 10)
