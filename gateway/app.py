@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -154,6 +155,10 @@ class Gateway:
         self.outbox.start()
         self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
         self._watchdog.start()
+        # Everything alive now (modules, clients, config) lives as long as the process: keep it out of the
+        # full garbage collections, whose pauses stall the event loop in proportion to what they scan.
+        gc.collect()
+        gc.freeze()
         logger.info("gateway started: platforms=%s http=%s:%s", ",".join(self.adapters), cfg.http.host, self.port)
 
     async def _follow_leadership(self) -> None:
