@@ -173,6 +173,28 @@ class Harness:
 
 GatewayFactory = Callable[..., Awaitable[Harness]]
 
+_FIGURES = pytest.StashKey[dict[str, list[str]]]()
+
+
+def figures(config: pytest.Config, section: str) -> list[str]:
+    """Lines a test leaves under ``section`` in the terminal summary (shown whether it passed or not,
+    also under ``-q``): the counts and figures CI logs should show."""
+    return config.stash.setdefault(_FIGURES, {}).setdefault(section, [])
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """``report(line)``: add a line to this test module's section of the terminal summary."""
+    section = request.node.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", " ")
+    return figures(request.config, section).append
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    for section, lines in config.stash.get(_FIGURES, {}).items():
+        terminalreporter.write_sep("-", section)
+        for line in lines:
+            terminalreporter.write_line(line)
+
 PG_URL_ENV = "HERMES_TEST_PG_URL"
 
 

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-_REPORT = pytest.StashKey[list[str]]()
+from tests.conftest import figures
+
 CI_KILLS = 20
 
 
@@ -33,12 +34,4 @@ def chaos_seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture
 def chaos_report(request: pytest.FixtureRequest) -> list[str]:
     """Lines for the terminal summary, printed whether the test passed or not."""
-    return request.config.stash.setdefault(_REPORT, [])
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    lines = config.stash.get(_REPORT, [])
-    if lines:
-        terminalreporter.write_sep("-", "chaos test")
-        for line in lines:
-            terminalreporter.write_line(line)
+    return figures(request.config, "chaos test")

@@ -143,7 +143,8 @@ async def cluster(store_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
             await sink.stop()
 
 
-async def test_webhooks_across_three_replicas_run_and_deliver_exactly_once(cluster: Cluster) -> None:
+async def test_webhooks_across_three_replicas_run_and_deliver_exactly_once(cluster: Cluster,
+                                                                          report: Callable[[str], None]) -> None:
     replicas = await cluster.start(3)
     ids = [str(uuid.uuid4()) for _ in range(1000)]
     statuses: Counter[int] = Counter()
@@ -164,9 +165,9 @@ async def test_webhooks_across_three_replicas_run_and_deliver_exactly_once(clust
     await asyncio.sleep(1.0)  # anything delivered twice would show up by now
     received = cluster.sink.received
     texts = Counter(r["text"].split("\n", 1)[0] for r in received)  # the echo of the prompt line
-    print(f"\nreplicas: 1100 webhooks sent (100 redelivered to another replica) -> "
-          f"{await cluster.scalar(sa.select(sa.func.count()).select_from(runs_t))} runs, {len(received)} deliveries, "
-          f"{len({r['webhook-id'] for r in received})} distinct")
+    report(f"3 replicas: 1100 webhooks sent (100 redelivered to another replica) -> "
+           f"{await cluster.scalar(sa.select(sa.func.count()).select_from(runs_t))} runs, "
+           f"{len(received)} deliveries, {len({r['webhook-id'] for r in received})} distinct")
     assert len(received) == 1000 and len({r["webhook-id"] for r in received}) == 1000
     assert set(texts) == {f"Echo: Build {i}" for i in range(1000)} and set(texts.values()) == {1}
     assert await cluster.scalar(sa.select(sa.func.count()).select_from(runs_t)) == 1000
@@ -206,7 +207,7 @@ async def _fires(cluster: Cluster, job_id: str) -> list[str]:
     return sorted(await cluster.store.db.read(lambda conn: list(conn.execute(query).scalars())))
 
 
-async def test_cron_on_three_replicas_fires_each_time_once(cluster: Cluster) -> None:
+async def test_cron_on_three_replicas_fires_each_time_once(cluster: Cluster, report: Callable[[str], None]) -> None:
     await cluster.start(3)
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
     job = await CronStore(cluster.store).create(_cron_job("TICK", 1, 10, start))
@@ -215,11 +216,12 @@ async def test_cron_on_three_replicas_fires_each_time_once(cluster: Cluster) -> 
     expected = [f"cron:{job.id}:{(start + timedelta(seconds=i)).isoformat()}" for i in range(10)]
     assert await _fires(cluster, job.id) == expected
     assert len(cluster.sink.received) == 10 and {r["text"] for r in cluster.sink.received} == {"Echo: TICK"}
-    print(f"\nreplicas: cron on 3 replicas, 10 fire times -> {len(await _fires(cluster, job.id))} fires, "
-          f"{len(cluster.sink.received)} deliveries")
+    report(f"cron on 3 replicas, 10 fire times -> {len(await _fires(cluster, job.id))} fires, "
+           f"{len(cluster.sink.received)} deliveries")
 
 
-async def test_sigkill_of_the_cron_leader_hands_over_without_losing_or_repeating_a_fire(cluster: Cluster) -> None:
+async def test_sigkill_of_the_cron_leader_hands_over_without_losing_or_repeating_a_fire(
+        cluster: Cluster, report: Callable[[str], None]) -> None:
     await cluster.start(3)
     cluster.model.latency = 1.0  # a fire is mid-run when its leader dies
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
@@ -237,8 +239,8 @@ async def test_sigkill_of_the_cron_leader_hands_over_without_losing_or_repeating
     assert await _fires(cluster, job.id) == expected, "each fire time claimed exactly once"
     run_ids = Counter(r["run_id"] for r in cluster.sink.received)
     assert len(run_ids) == 6 and set(run_ids.values()) == {1}, "each fire delivered exactly once"
-    print(f"\nreplicas: cron leader SIGKILLed during a fire; new leader after {takeover:.2f} s; "
-          f"6 fire times -> 6 fires, {len(cluster.sink.received)} deliveries")
+    report(f"cron leader SIGKILLed during a fire: new leader after {takeover:.2f} s; "
+           f"6 fire times -> {len(await _fires(cluster, job.id))} fires, {len(cluster.sink.received)} deliveries")
     assert takeover < 5.0
 
 
