@@ -188,17 +188,10 @@ class Router:
         if interrupt and not stopped_here and not self.coordinator.sole:  # it may run on another replica
             self._spawn(self.coordinator.request_stop(f"session:{job.session_key}"))
         if not self.coordinator.sole:
-            self._drive_soon(job.session_key)
+            self._drive_soon(job.session_key, job if job.kind == "webhook" else None)  # webhook: its own session
             return
 
-        async def work() -> None:
-            self._running[job.session_key] = job.run_id
-            try:
-                await self.executor.execute(job)
-            finally:
-                self._running.pop(job.session_key, None)
-
-        self.lanes.submit(job.session_key, work)
+        self.lanes.submit(job.session_key, lambda: self._run_job(job.session_key, job))
 
     async def resume(self) -> int:
         """Re-queue every accepted event that did not finish (after a crash or restart); with a shared
@@ -233,38 +226,44 @@ class Router:
 
     # -- several replicas on one database ----------------------------------
 
-    def _drive_soon(self, key: str) -> None:
-        """Run the session's waiting events here, unless this replica already does."""
+    def _drive_soon(self, key: str, job: RunJob | None = None) -> None:
+        """Run the session's waiting events here, unless this replica already does. ``job``: the one
+        event of a session nothing else can join (a webhook run's own session), run as is."""
         if key in self._driving or self.closing:
             return
         self._driving.add(key)
-        self.lanes.submit(key, lambda: self._drive(key))
+        self.lanes.submit(key, lambda: self._drive(key, job))
 
-    async def _drive(self, key: str) -> None:
+    async def _drive(self, key: str, own: RunJob | None) -> None:
         """Under the session's lock, run its unfinished events oldest first, wherever they were accepted."""
         try:
             if not await self.coordinator.try_lock(f"session:{key}"):
                 return  # another replica runs this session; it looks for new events before letting go
-            last: int | None = None
             try:
+                if own is not None:
+                    await self._run_job(key, own)
+                    return
+                last: int | None = None
                 while not self.closing and (row := await self.store.next_run_event(key)) is not None:
                     if row.id == last:  # the run could not be recorded: leave it to a later sweep
                         logger.error("inbox event %s of session %s did not finish; retrying later", row.id, key)
                         return
                     last = row.id
-                    job = self._job(row)
-                    self._running[key] = job.run_id
-                    try:
-                        await self.executor.execute(job)
-                    finally:
-                        self._running.pop(key, None)
+                    await self._run_job(key, self._job(row))
             finally:
                 await self.coordinator.unlock(f"session:{key}")
         finally:
             self._driving.discard(key)
         # An event accepted elsewhere while this replica held the lock may have been passed over there.
-        if not self.closing and await self.store.next_run_event(key) is not None:
+        if own is None and not self.closing and await self.store.next_run_event(key) is not None:
             self._drive_soon(key)
+
+    async def _run_job(self, key: str, job: RunJob) -> None:
+        self._running[key] = job.run_id
+        try:
+            await self.executor.execute(job)
+        finally:
+            self._running.pop(key, None)
 
     async def _command_once(self, inbox_id: int, key: str, event: MessageEvent) -> None:
         """Handle a command; with a shared database, only where its event's lock is held."""
