@@ -1,150 +1,183 @@
 """Main-loop lag while tools run: does tool code ever stall the gateway's event loop?
 
-An in-process gateway (``ChatDouble`` chat platform plus the signed webhook route) gets
-benchmark-only tools, registered like a plugin (toolset ``plugin-bench``): a blocking sleep, an async
-sleep (through the ``model_tools`` bridge) and a CPU-bound pure-Python loop, plus a no-op tool whose
-storm is the control (the lag the gateway's own work for that many runs causes). For each storm,
-``--calls`` chat users at once each make one tool call; meanwhile a ticker task samples the loop's lag
-every ``--tick`` seconds and signed webhooks arrive at ``--webhook-rate`` per second, their ack latency
-measured. The last storm splits the calls evenly between the three kinds.
+A gateway subprocess (``python -m gateway run``) with the Telegram adapter polling the Telegram Bot API
+simulator and the signed webhook route, all on 127.0.0.1. Its benchmark tools are a plugin file
+(``bench/loop_lag_tools.py`` copied into ``plugins.dir``, toolset ``plugin-bench`` for Telegram): a
+no-op, a blocking sleep, an async sleep (through the ``model_tools`` bridge) and a CPU-bound pure-Python
+loop. For each storm, ``--calls`` new Telegram users at once each ask for one tool call (the scripted
+model follows a ``[[tool:...]]`` directive, then answers with the result) while signed webhooks arrive
+at ``--webhook-rate`` per second for ``--webhook-seconds``, sent from their own thread and event loop
+here so their ack latency is not held up by the simulators. The last storm splits the calls evenly
+between the three kinds.
 
-    python -m bench.bench_loop_lag [--calls 200] [--sleep 1.0] [--cpu-ms 20]
+The gateway measures its own lag: its watchdog samples the loop every 5 ms while busy (50 ms while
+idle) into ``hermes_event_loop_lag_histogram_seconds``. The histogram is read from ``/metrics`` before
+and after each window; p50 and p99 of the difference are interpolated within a bucket (as PromQL's
+``histogram_quantile``), the max is exact when ``hermes_event_loop_lag_max_seconds`` rose during the
+window and otherwise the top bucket's bound (shown as ``<=``). Controls in the same run: an idle gateway
+(``--idle-seconds``, no traffic), webhooks alone, and the no-op storm (the gateway's own work for that
+many runs).
+
+    python -m bench.bench_loop_lag [--calls 200] [--sleep 1.0] [--cpu-ms 20] [--webhook-rate 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
+import json
 import logging
+import math
+import os
+import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
-from bench.bench_chat import start_chat_gateway
 from bench.common import (
-    ChatDouble,
-    LagProbe,
+    MODEL_KEY,
+    BenchSink,
+    BenchTelegram,
+    LoadResult,
+    ServiceProcess,
     WebhookClient,
     WebhookRun,
+    gateway_argv,
     latency_ms,
     open_loop,
     print_table,
     save_results,
-    webhook_platform,
+    write_gateway_config,
 )
-from gateway.app import Gateway
-from gateway.sim.model_server import ScriptedModel, Turn, text, tool_call
-from tools.registry import registry
-from toolsets import remove_source_toolset, set_source_toolset
+from bench.loop_lag_tools import TOOLS
+from gateway.sim.model_server import ScriptedModel
 
-TOOLSET = "plugin-bench"
 KINDS = ("blocking", "async", "cpu")
-_TOOLS = {"noop": "bench_noop", "blocking": "bench_block_sleep", "async": "bench_async_sleep",
-          "cpu": "bench_cpu_loop"}
+LAG = "hermes_event_loop_lag_histogram_seconds"
+LAG_MAX = "hermes_event_loop_lag_max_seconds"
 
 
-def _noop(args: dict[str, Any], **_ctx: Any) -> str:
-    return "ok"
+class LagReading:
+    """One scrape of the gateway's lag metrics: cumulative histogram buckets and the max gauge."""
+
+    def __init__(self, exposition: str) -> None:
+        self.buckets: list[tuple[float, float]] = []  # (upper bound, cumulative count), ascending
+        self.max = 0.0
+        for family in text_string_to_metric_families(exposition):
+            if family.name == LAG:
+                self.buckets = sorted((float(s.labels["le"]), s.value) for s in family.samples
+                                      if s.name == LAG + "_bucket")
+            elif family.name == LAG_MAX:
+                self.max = family.samples[0].value
+
+    def since(self, before: LagReading) -> dict[str, Any]:
+        """Lag p50 / p99 / max (ms) of the samples taken between ``before`` and this reading."""
+        counts = [(bound, count - old) for (bound, count), (_, old) in zip(self.buckets, before.buckets, strict=True)]
+        n = counts[-1][1] if counts else 0.0
+        exact = self.max > before.max
+        top = next((bound for bound, c in counts if c == n), math.inf)  # the first bucket holding every sample
+        high = self.max if exact else min(before.max, top)
+        return {"n": int(n), "p50_ms": 1000 * _quantile(0.5, counts), "p99_ms": 1000 * _quantile(0.99, counts),
+                "max_ms": 1000 * high, "max_exact": exact,
+                "buckets": {f"{bound:g}": c for bound, c in counts if c}}
 
 
-def _block_sleep(args: dict[str, Any], **_ctx: Any) -> str:
-    time.sleep(float(args.get("seconds", 1.0)))
-    return "slept"
+def _quantile(q: float, counts: Sequence[tuple[float, float]]) -> float:
+    """The ``q`` quantile (0 < q <= 1) of cumulative bucket counts ending with ``+Inf``, linear within its
+    bucket as PromQL's ``histogram_quantile``."""
+    n = counts[-1][1] if counts else 0.0
+    if not n:
+        return float("nan")
+    rank, low, below = q * n, 0.0, 0.0
+    for bound, count in counts[:-1]:
+        if count >= rank:
+            return low + (bound - low) * (rank - below) / (count - below)
+        low, below = bound, count
+    return low  # in the +Inf bucket: its lower bound
 
 
-async def _async_sleep(args: dict[str, Any], **_ctx: Any) -> str:
-    await asyncio.sleep(float(args.get("seconds", 1.0)))
-    return "slept"
+async def _read_lag(http: aiohttp.ClientSession, service: ServiceProcess) -> LagReading:
+    async with http.get(service.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        return LagReading(await resp.text())
 
 
-def _cpu_loop(args: dict[str, Any], **_ctx: Any) -> str:
-    """Pure-Python work (holds the GIL, unlike hashing large buffers) for about ``ms`` milliseconds."""
-    deadline = time.thread_time() + float(args.get("ms", 20)) / 1000
-    digest = b""
-    while time.thread_time() < deadline:
-        for _ in range(200):
-            digest = hashlib.sha256(digest).digest()[:8]
-    return digest.hex()
+def _webhooks_in_thread(base_url: str, rate: float, seconds: float) -> LoadResult[WebhookRun]:
+    """Signed webhooks at ``rate`` per second for ``seconds``, from this thread's own event loop."""
+    async def send() -> LoadResult[WebhookRun]:
+        async with aiohttp.ClientSession() as http:
+            return await open_loop(WebhookClient(http, base_url).post, rate, seconds)
+    return asyncio.run(send())
 
 
-def register_bench_tools() -> None:
-    """Register the benchmark tools and their toolset (as a plugin would)."""
-    schema = {"type": "object", "properties": {"seconds": {"type": "number"}, "ms": {"type": "number"}}}
-    for kind, handler in (("noop", _noop), ("blocking", _block_sleep), ("async", _async_sleep), ("cpu", _cpu_loop)):
-        name = _TOOLS[kind]
-        registry.register(name, TOOLSET, {"name": name, "description": f"Benchmark tool ({kind}).",
-                                          "parameters": schema}, handler, is_async=kind == "async")
-    set_source_toolset(TOOLSET, "Benchmark-only tools.", list(_TOOLS.values()))
-
-
-def unregister_bench_tools() -> None:
-    """Undo :func:`register_bench_tools`."""
-    registry.deregister_toolset(TOOLSET)
-    remove_source_toolset(TOOLSET)
-
-
-def _responder(sleep: float, cpu_ms: float) -> Any:
-    """``storm <kind>`` from a user: call that kind's tool; anything else (or a tool result): answer."""
-    def respond(request: dict[str, Any]) -> Turn:
-        last = (request.get("messages") or [{}])[-1]
-        content = str(last.get("content") or "")
-        if last.get("role") == "user" and content.startswith("storm "):
-            kind = content.split()[1]
-            return tool_call(_TOOLS[kind], {"seconds": sleep, "ms": cpu_ms})
-        return text("ok")
-    return respond
-
-
-async def _storm(gateway: Gateway, chat: ChatDouble, http: aiohttp.ClientSession, kinds: list[str],
-                 args: argparse.Namespace, first_user: int) -> dict[str, Any]:
-    probe = LagProbe(args.tick)
-    client = WebhookClient(http, f"http://127.0.0.1:{gateway.port}")
-    probe.start()
+async def _window(name: str, service: ServiceProcess, http: aiohttp.ClientSession, sim: BenchTelegram,
+                  args: argparse.Namespace, kinds: Sequence[str] = (), webhooks: bool = True,
+                  first_user: int = 0) -> dict[str, Any]:
+    """One measured window: a storm of ``kinds`` (none: no chat traffic), webhooks meanwhile or not; with
+    neither, ``--idle-seconds`` of nothing."""
+    before, cpu_before = await _read_lag(http, service), service.cpu_seconds()
     started = time.perf_counter()
-    calls = asyncio.gather(*(chat.say(first_user + i, f"storm {kinds[i % len(kinds)]}", timeout=120)
-                             for i in range(args.calls)), return_exceptions=True)
-    hooks = asyncio.ensure_future(open_loop(client.post, args.webhook_rate, args.webhook_seconds))
-    outcomes = await calls
+    hooks = (asyncio.ensure_future(asyncio.to_thread(_webhooks_in_thread, service.base_url, args.webhook_rate,
+                                                     args.webhook_seconds)) if webhooks else None)
+    directives = {k: f'[[tool:{TOOLS[k]} {json.dumps({"seconds": args.sleep, "ms": args.cpu_ms})}]]' for k in kinds}
+    outcomes = await asyncio.gather(*(sim.say(first_user + i, directives[kinds[i % len(kinds)]], args.timeout)
+                                      for i in range(args.calls if kinds else 0)), return_exceptions=True)
+    acks: LoadResult[WebhookRun] = await hooks if hooks is not None else LoadResult()
+    if not kinds and not webhooks:
+        await asyncio.sleep(args.idle_seconds)
     elapsed = time.perf_counter() - started
-    acks: Any = await hooks
-    lags = await probe.stop()
+    after, cpu = await _read_lag(http, service), service.cpu_seconds() - cpu_before
     failures = [o for o in outcomes if isinstance(o, BaseException)]
-    runs: list[WebhookRun] = acks.results
-    return {"storm": "+".join(kinds) if len(kinds) > 1 else kinds[0], "calls": args.calls, "seconds": elapsed,
+    return {"storm": name, "calls": len(outcomes), "seconds": elapsed, "gateway_cpu_s": cpu,
             "errors": len(failures) + len(acks.errors),
             "error_samples": [f"{type(f).__name__}: {f}" for f in failures[:2]] + acks.errors[:2],
-            "lag": latency_ms(lags), "webhook_ack": latency_ms([r.ack_seconds for r in runs]),
-            "watchdog_max_lag_ms_so_far": 1000 * (gateway.metrics.registry.get_sample_value(
-                "hermes_event_loop_lag_max_seconds") or 0.0)}
+            "lag": after.since(before), "webhook_ack": latency_ms([r.ack_seconds for r in acks.results])}
 
 
-async def _run(args: argparse.Namespace, home: Path) -> list[dict[str, Any]]:
-    register_bench_tools()
+async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    plugins = home / "plugins"
+    plugins.mkdir()
+    shutil.copy(Path(__file__).with_name("loop_lag_tools.py"), plugins / "bench.py")
     rows: list[dict[str, Any]] = []
-    try:
-        async with ScriptedModel(_responder(args.sleep, args.cpu_ms), api_key="bench-model-key") as model:
-            assert model.base_url is not None
-            gateway, chat = await start_chat_gateway(home, model.base_url, max_runs=2000, overrides={
-                "gateway": {"tool_threads": args.tool_threads},
-                "toolsets": {"telegram": TOOLSET},
-                "platforms": {"webhook": webhook_platform("none")},
-                "limits": {"run_max_tool_calls": 5}})
-            try:
-                async with aiohttp.ClientSession() as http:
-                    storms = [["noop"]] + [[k] for k in KINDS] + [list(KINDS)]
-                    for i, kinds in enumerate(storms):
-                        row = await _storm(gateway, chat, http, kinds, args, first_user=(i + 1) * 100_000)
-                        rows.append(row)
-                        print(f"  storm {row['storm']:<20} lag p99 {row['lag']['p99_ms']:7.2f} ms", flush=True)
-            finally:
-                await gateway.stop(drain_timeout=5)
-    finally:
-        unregister_bench_tools()
-    return rows
+    async with ScriptedModel(api_key=MODEL_KEY) as model:
+        assert model.base_url is not None
+        sink, sim = BenchSink(), BenchTelegram()
+        await sink.start()
+        await sim.start()
+        config = write_gateway_config(home, model.base_url, sink.url, telegram=sim, overrides={
+            "gateway": {"tool_threads": args.tool_threads},
+            "plugins": {"dir": str(plugins), "entry_points": False},
+            "toolsets": {"telegram": "plugin-bench"}})
+        service = ServiceProcess("gateway", gateway_argv(config), home / "stderr.log")
+        try:
+            await service.start()
+            await asyncio.sleep(args.settle)
+            async with aiohttp.ClientSession() as http:
+                webhooks = args.webhook_rate > 0
+                storms: list[tuple[str, ...]] = [(), *([()] if webhooks else []), ("noop",), *((k,) for k in KINDS),
+                                                 KINDS]
+                for i, kinds in enumerate(storms):
+                    name = "+".join(kinds) or ("webhooks only" if i else "idle")
+                    row = await _window(name, service, http, sim, args, kinds, webhooks=webhooks and i > 0,
+                                        first_user=(i + 1) * 100_000)
+                    rows.append(row)
+                    sim.forget()
+                    model.requests.clear()
+                    sink.reset()
+                    lag = row["lag"]
+                    print(f"  {name:<20} lag p50/p99/max {lag['p50_ms']:6.2f} / {lag['p99_ms']:6.2f} / "
+                          f"{lag['max_ms']:6.1f} ms over {lag['n']} samples; gateway CPU {row['gateway_cpu_s']:.2f} s",
+                          flush=True)
+                    await asyncio.sleep(args.settle)
+        finally:
+            await service.stop()
+            await sim.stop()
+            await sink.stop()
+    return {"windows": rows, "gateway_log_problems": service.log_problems()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,23 +187,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sleep", type=float, default=1.0, help="seconds each sleeping tool sleeps")
     parser.add_argument("--cpu-ms", type=float, default=20.0, help="CPU milliseconds of each CPU-bound call")
     parser.add_argument("--tool-threads", type=int, default=256, help="gateway.tool_threads")
-    parser.add_argument("--tick", type=float, default=0.005, help="lag probe interval (s)")
     parser.add_argument("--webhook-rate", type=float, default=20.0, help="webhooks per second during a storm")
     parser.add_argument("--webhook-seconds", type=float, default=2.0, help="how long webhooks keep arriving")
+    parser.add_argument("--idle-seconds", type=float, default=3.0, help="length of the idle control window")
+    parser.add_argument("--settle", type=float, default=2.0, help="quiet seconds before each window")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one answer")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="hermes-bench-lag-") as tmp:
-        rows = asyncio.run(_run(args, Path(tmp)))
-    print_table(f"Main-loop lag during {args.calls} concurrent tool calls (in-process gateway, "
-                f"tool_threads={args.tool_threads}); ms",
-                ["storm", "seconds", "lag p50", "lag p99", "lag max", "watchdog max*", "ack p50", "ack p99",
-                 "errors"],
-                [[r["storm"], r["seconds"], r["lag"]["p50_ms"], r["lag"]["p99_ms"], r["lag"]["max_ms"],
-                  r["watchdog_max_lag_ms_so_far"], r["webhook_ack"]["p50_ms"], r["webhook_ack"]["p99_ms"], r["errors"]]
-                 for r in rows])
-    print("  * the gateway's own watchdog (hermes_event_loop_lag_max_seconds, 50 ms sampler): max since start")
-    save_results("loop_lag", {"calls": args.calls, "sleep_s": args.sleep, "cpu_ms": args.cpu_ms,
-                              "tool_threads": args.tool_threads, "tick_s": args.tick, "storms": rows})
+        out = asyncio.run(_run(args, Path(tmp)))
+    out["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    rows = out["windows"]
+    print_table(f"Main-loop lag of a gateway subprocess (Telegram adapter + webhooks) during {args.calls} concurrent "
+                f"tool calls (tool_threads={args.tool_threads}), from its own watchdog histogram; ms",
+                ["storm", "seconds", "lag p50", "lag p99", "lag max", "ack p50", "ack p99", "errors"],
+                [[r["storm"], r["seconds"], r["lag"]["p50_ms"], r["lag"]["p99_ms"],
+                  r["lag"]["max_ms"] if r["lag"]["max_exact"] else f"<={r['lag']['max_ms']:.4g}",
+                  r["webhook_ack"]["p50_ms"], r["webhook_ack"]["p99_ms"], r["errors"]] for r in rows])
+    print(f"  load average (1/5/15 min) before {' '.join(f'{v:.2f}' for v in load_before)}, "
+          f"after {' '.join(f'{v:.2f}' for v in out['load_average']['after'])}")
+    for problem in out["gateway_log_problems"]:
+        print(f"  gateway log: {problem}")
+    save_results("loop_lag", {"args": vars(args), **out})
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# Loop lag: steps of 1, 1.5, 2, 3, 5, 7 per decade from 0.1 ms to 1 s (a percentile lies within a bucket at most
+# 1.7x wide), then 2 and 5 s.
+LOOP_LAG_BUCKETS = (0.0001, 0.00015, 0.0002, 0.0003, 0.0005, 0.0007, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.007,
+                    0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1, 2, 5)
 
 
 class Metrics:
@@ -33,6 +37,9 @@ class Metrics:
         self.loop_lag = Gauge("hermes_event_loop_lag_seconds", "Main event loop lag (last sample)", registry=r)
         self.loop_lag_max = Gauge("hermes_event_loop_lag_max_seconds", "Largest main loop lag since start",
                                   registry=r)
+        self.loop_lag_histogram = Histogram("hermes_event_loop_lag_histogram_seconds",
+                                            "Main event loop lag, every sample (how late a timer fires)",
+                                            buckets=LOOP_LAG_BUCKETS, registry=r)
         self.cron_jobs = Gauge("hermes_cron_jobs", "Cron jobs by state", ["state"], registry=r)
         self.cron_fires = Counter("hermes_cron_fires_total", "Cron fires claimed, by trigger "
                                   "(scheduled, catch_up after downtime, manual)", ["trigger"], registry=r)
