@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+import openai.lib.streaming.chat  # the SDK would import it on the first call, stalling the loop meanwhile
 
 import model_tools
 from gateway.config import ModelSettings
