@@ -150,7 +150,7 @@ class Gateway:
                 await adapter.connect(self.router.on_message, receive=receive)
             except Exception as exc:  # one broken platform never stops the others
                 logger.error("platform %s failed to start: %s", name, exc)
-        self._leadership_changed.set()
+        await self._apply_leadership()  # as leader, the scheduler runs before start() returns
         self._leadership_task = asyncio.create_task(self._follow_leadership(), name="leadership")
         self.outbox.start()
         self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
@@ -162,28 +162,31 @@ class Gateway:
         logger.info("gateway started: platforms=%s http=%s:%s", ",".join(self.adapters), cfg.http.host, self.port)
 
     async def _follow_leadership(self) -> None:
-        """Run what only the leader runs while this replica leads: the cron scheduler, and receiving on
-        the platforms whose connection must be single (``run_on: leader``)."""
         while True:
             await self._leadership_changed.wait()
-            self._leadership_changed.clear()
-            leader = self.coordinator.is_leader
-            self.metrics.leader.set(int(leader))
+            await self._apply_leadership()
+
+    async def _apply_leadership(self) -> None:
+        """Run what only the leader runs while this replica leads: the cron scheduler, and receiving on
+        the platforms whose connection must be single (``run_on: leader``)."""
+        self._leadership_changed.clear()
+        leader = self.coordinator.is_leader
+        self.metrics.leader.set(int(leader))
+        try:
+            if self.cron is not None and leader != self._cron_running:
+                await (self.cron.start() if leader else self.cron.stop())
+                self._cron_running = leader
+        except Exception:
+            logger.exception("cron: following a leadership change failed")
+        for name, adapter in self.adapters.items():
+            if (receives_on(self.cfg, name) != "leader" or adapter.receiving == leader
+                    or adapter.state == AdapterState.FAILED):  # a failed start was reported once
+                continue
             try:
-                if self.cron is not None and leader != self._cron_running:
-                    await (self.cron.start() if leader else self.cron.stop())
-                    self._cron_running = leader
-            except Exception:
-                logger.exception("cron: following a leadership change failed")
-            for name, adapter in self.adapters.items():
-                if (receives_on(self.cfg, name) != "leader" or adapter.receiving == leader
-                        or adapter.state == AdapterState.FAILED):  # a failed start was reported once
-                    continue
-                try:
-                    await (adapter.start_receiving() if leader else adapter.stop_receiving())
-                except Exception as exc:  # one broken platform never stops the others
-                    logger.error("platform %s: %s receiving failed: %s", name, "starting" if leader else "stopping",
-                                 exc)
+                await (adapter.start_receiving() if leader else adapter.stop_receiving())
+            except Exception as exc:  # one broken platform never stops the others
+                logger.error("platform %s: %s receiving failed: %s", name, "starting" if leader else "stopping",
+                             exc)
 
     async def _readiness(self) -> tuple[bool, dict[str, Any]]:
         store_ok = self.store is not None and await self.store.ping()
