@@ -69,7 +69,8 @@ class Coordinator(ABC):
         if leader == self.is_leader:
             return
         self.is_leader = leader
-        logger.warning("replica %s %s leadership", self.replica_id, "gained" if leader else "lost")
+        logger.log(logging.INFO if self.sole else logging.WARNING, "replica %s %s leadership", self.replica_id,
+                   "gained" if leader else "lost")
         if self.on_leadership is not None:
             self.on_leadership(leader)
 
