@@ -44,7 +44,7 @@ bench-loop-lag: $(STAMP)
 	$(BENCH).bench_loop_lag
 
 bench-memory: $(STAMP)
-	$(BENCH).bench_memory --sessions 500 --soak 60
+	$(BENCH).bench_memory --sessions 500 --messages 3000 --users 500 --rate 35
 
 bench-tools: $(STAMP)
 	$(BENCH).bench_tools
@@ -60,9 +60,10 @@ bench-replicas: $(STAMP)
 bench-profile: $(STAMP)
 	$(BENCH).bench_webhook --profile
 
-# The long memory soak: 10,000 sessions, then 10 minutes of mixed traffic.
+# The long memory soak: 50,000 Telegram messages over 5,000 sessions at 35/s plus 2 webhooks/s, RSS over time
+# (bench/results/soak.json). About 25 minutes.
 soak: $(STAMP)
-	$(BENCH).bench_memory --sessions 10000 --soak 600
+	$(BENCH).bench_memory --sessions 0 --messages 50000 --users 5000 --rate 35 --webhook-rate 2 --name soak
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

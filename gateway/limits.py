@@ -1,7 +1,8 @@
 """Abuse limits: a token bucket per user for inbound messages, and budgets per run and per user.
 
 State is in memory and bounded (least recently seen users are forgotten first), so a flood
-of distinct senders cannot grow it without limit.
+of distinct senders cannot grow it without limit; a user's model calls are kept for an hour,
+and only when an hourly budget is configured.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Generic, TypeVar
 from gateway.config import LimitsSettings
 from platforms.ratelimit import TokenBucket
 
-MAX_TRACKED_USERS = 10_000
+MAX_TRACKED_USERS = 10_000  # users remembered per structure (least recently seen out): a few MiB at most
 _HOUR = 3600.0
 
 
@@ -73,15 +74,23 @@ class UserBudgets:
         self.clock = clock
         self._usage: _Lru[_Usage] = _Lru()
 
+    @property
+    def enabled(self) -> bool:
+        """Whether an hourly budget is configured; without one nothing is recorded."""
+        return self.cfg.user_max_model_calls_per_hour is not None or self.cfg.user_max_tokens_per_hour is not None
+
     def _of(self, user_key: str) -> _Usage:
         return self._usage.touch(user_key, _Usage)
 
     def charge(self, user_key: str, tokens: int) -> None:
-        """Record one model call."""
-        self._of(user_key).events.append((self.clock(), tokens))
+        """Record one model call (when a budget needs it)."""
+        if self.enabled:
+            self._of(user_key).events.append((self.clock(), tokens))
 
     def exceeded(self, user_key: str) -> str | None:
         """A user-facing message when the user is over an hourly budget, else None."""
+        if not self.enabled:
+            return None
         calls, tokens = self._of(user_key).window(self.clock())
         if self.cfg.user_max_model_calls_per_hour is not None and calls >= self.cfg.user_max_model_calls_per_hour:
             return "You've reached this hour's limit of model calls on this gateway. Please try again later."
