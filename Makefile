@@ -50,7 +50,7 @@ bench-tools: $(STAMP)
 	$(BENCH).bench_tools
 
 bench-cron: $(STAMP)
-	if [ -f bench/bench_cron.py ]; then $(BENCH).bench_cron; fi
+	$(BENCH).bench_cron
 
 # 1, 2 and 3 replicas on one PostgreSQL database (started by .ci/start-postgres unless HERMES_TEST_PG_URL is set).
 bench-replicas: $(STAMP)

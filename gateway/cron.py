@@ -150,9 +150,12 @@ class CronService:
                 await self._catch_up(job, now)
             if (current := self._cache.get(job.id)) is not None and current.run_requested_at is not None:
                 await self._run_requested(current)
+        # Started paused: jobs then go straight to the job store (a dict), where a pending job would be
+        # looked up by a linear scan for every add (quadratic in the number of jobs).
+        self._scheduler.start(paused=True)
         for job in self._cache.values():
             self._schedule(job)
-        self._scheduler.start()
+        self._scheduler.resume()
         self._sync_task = asyncio.create_task(self._sync_loop(), name="cron-sync")
         self.load_seconds = asyncio.get_running_loop().time() - started
         logger.info("cron: %d jobs loaded in %.1f ms", len(self._cache), self.load_seconds * 1000)
