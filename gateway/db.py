@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +212,9 @@ class PostgresDatabase(Database):
     dialect = "postgresql"
 
     def __init__(self, url: str) -> None:
+        # Imported here: SQLAlchemy's asyncio layer and asyncpg cost ~11 MiB that SQLite gateways do not need.
+        from sqlalchemy.ext.asyncio import create_async_engine
+
         self.engine = create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 
     async def write(self, work: Work[T]) -> T:
