@@ -38,7 +38,7 @@ bench-webhook: $(STAMP)
 	$(BENCH).bench_webhook --open-duration 3
 
 bench-chat: $(STAMP)
-	$(BENCH).bench_chat --users 50 --inflight-users 1000
+	$(BENCH).bench_chat --platform telegram slack discord --users 50 --messages 5 --inflight-users 1000
 
 bench-loop-lag: $(STAMP)
 	$(BENCH).bench_loop_lag

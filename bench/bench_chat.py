@@ -1,22 +1,24 @@
 """Chat throughput and concurrency: many users in DMs, each message a run with history.
 
-Platform ``telegram``: the real Telegram adapter (python-telegram-bot, long polling) in a gateway
-subprocess (``python -m gateway run``), against the Telegram Bot API simulator in this process; the
-CPU figure is the gateway's alone. Platform ``double``: an in-process Telegram-like adapter
-(:class:`bench.common.ChatDouble`) injected into an in-process gateway; the CPU figure then covers
-gateway, scripted model and load generator together. The model streams (the default), so each answer
-is a preview message edited into the final text.
+Platforms ``telegram``, ``slack`` and ``discord``: the real adapter (python-telegram-bot long polling,
+slack-bolt Socket Mode, discord.py gateway websocket) in a gateway subprocess (``python -m gateway run``)
+configured for that platform alone, against the platform's simulator in this process; the CPU figure is
+the gateway's alone. Platform ``double``: an in-process Telegram-like adapter (:class:`bench.common.ChatDouble`)
+injected into an in-process gateway; the CPU figure then covers gateway, scripted model and load generator
+together. The model streams (the default), so each answer is a preview message edited into the final text;
+a reply counts when the final text is posted.
 
 1. ``--users`` users each send ``--messages`` messages, one after the other (the next once the answer
-   arrived), with a 0 ms model: messages/s and reply latency (sent -> final answer delivered).
+   arrived), with a 0 ms model: messages/s and reply latency (sent -> final answer delivered). Each
+   platform of ``--platform`` in turn (``all``: telegram, slack and discord), one table row each.
 2. ``--inflight-users`` users send one message each to a model answering after ``--slow-latency``
    seconds: the peak of ``hermes_runs_in_flight`` and of concurrent model requests, with
    ``gateway.max_concurrent_runs`` = ``--max-runs``.
 
 Phase 1 uses ``--platform`` (default telegram), phase 2 ``--inflight-platform`` (default double, the
-core's own concurrency without the Telegram adapter's intake in the way).
+core's own concurrency without a platform adapter's intake in the way).
 
-    python -m bench.bench_chat [--platform telegram|double] [--users 1000] [--messages 5]
+    python -m bench.bench_chat [--platform telegram slack discord|all|double] [--users 1000] [--messages 5]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import tempfile
@@ -38,10 +41,13 @@ from aiohttp import web
 
 from bench.common import (
     MODEL_KEY,
+    BenchDiscord,
     BenchSink,
+    BenchSlack,
     BenchTelegram,
     ChatDouble,
     ServiceProcess,
+    SimulatedChat,
     cpu_seconds,
     gateway_argv,
     latency_ms,
@@ -123,13 +129,18 @@ async def _double(home: Path, model_url: str, max_runs: int) -> AsyncIterator[_C
         await gateway.stop(drain_timeout=5)
 
 
+_SIMULATORS: dict[str, Callable[[], SimulatedChat]] = {"telegram": BenchTelegram, "slack": BenchSlack,
+                                                        "discord": BenchDiscord}
+
+
 @contextlib.asynccontextmanager
-async def _telegram(home: Path, model_url: str, max_runs: int) -> AsyncIterator[_Chat]:
-    sim, sink = BenchTelegram(), BenchSink()
+async def _simulated(platform: str, home: Path, model_url: str, max_runs: int) -> AsyncIterator[_Chat]:
+    """A gateway subprocess whose one chat platform is ``platform``'s real adapter on its simulator."""
+    sim, sink = _SIMULATORS[platform](), BenchSink()
     await sim.start()
     await sink.start()
     home.mkdir(parents=True, exist_ok=True)
-    config = write_gateway_config(home, model_url, sink.url, telegram=sim,
+    config = write_gateway_config(home, model_url, sink.url, chats=[sim],
                                   overrides={"gateway": {"max_concurrent_runs": max_runs}})
     service = ServiceProcess("gateway", gateway_argv(config), home / "stderr.log")
     try:
@@ -138,13 +149,14 @@ async def _telegram(home: Path, model_url: str, max_runs: int) -> AsyncIterator[
             async def in_flight() -> float:
                 return await service.gauge(http, "hermes_runs_in_flight", 'kind="chat"')
 
+            await service.wait_ready(http)  # a Discord event sent before READY is lost
             yield _Chat(sim.say, in_flight, service.cpu_seconds)
     finally:
         await service.stop()
         await sim.stop()
         await sink.stop()
         for problem in service.log_problems():
-            print(f"  gateway log: {problem}")
+            print(f"  {platform} gateway log: {problem}")
 
 
 async def _conversations(chat: _Chat, users: int, messages: int) -> dict[str, Any]:
@@ -195,16 +207,33 @@ async def _in_flight(chat: _Chat, model: CountingModel, users: int) -> dict[str,
             "error_samples": [f"{type(f).__name__}: {f}" for f in failures[:3]], "reply": latency_ms(replies)}
 
 
-_PLATFORMS = {"telegram": _telegram, "double": _double}
+_Platform = Callable[[Path, str, int], contextlib.AbstractAsyncContextManager[_Chat]]
+_PLATFORMS: dict[str, _Platform] = {"double": _double,
+                                   **{name: functools.partial(_simulated, name) for name in _SIMULATORS}}
+_WHERE = {"telegram": "Telegram adapter (python-telegram-bot, long polling) + simulator, gateway subprocess",
+          "slack": "Slack adapter (slack-bolt, Socket Mode) + simulator, gateway subprocess",
+          "discord": "Discord adapter (discord.py, gateway websocket) + simulator, gateway subprocess",
+          "double": "in-process gateway + ChatDouble"}
+_ALL = "all"  # every real adapter on its simulator
+
+
+def _platforms(chosen: list[str]) -> list[str]:
+    """``--platform`` values in order, ``all`` expanded, each once."""
+    expanded = [name for c in chosen for name in (_SIMULATORS if c == _ALL else [c])]
+    return list(dict.fromkeys(expanded))
 
 
 async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if args.users:
-        async with CountingModel() as model:
-            assert model.base_url is not None
-            async with _PLATFORMS[args.platform](home / "fast", model.base_url, args.max_runs) as chat:
-                out["conversations"] = await _conversations(chat, args.users, args.messages)
+        by_platform: dict[str, Any] = {}
+        for name in _platforms(args.platform):
+            async with CountingModel() as model:
+                assert model.base_url is not None
+                async with _PLATFORMS[name](home / f"fast-{name}", model.base_url, args.max_runs) as chat:
+                    by_platform[name] = await _conversations(chat, args.users, args.messages)
+            by_platform[name]["load_average_1m"] = os.getloadavg()[0]
+        out["conversations_by_platform"] = by_platform
     if args.inflight_users:
         async with CountingModel(latency=args.slow_latency) as model:
             assert model.base_url is not None
@@ -213,17 +242,12 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     return out
 
 
-def _where(platform: str) -> str:
-    return ("Telegram adapter + simulator, gateway subprocess" if platform == "telegram"
-            else "in-process gateway + ChatDouble")
-
-
 def _report(args: argparse.Namespace, out: dict[str, Any]) -> None:
-    if "conversations" in out:
-        _report_conversations(args, out["conversations"])
+    if "conversations_by_platform" in out:
+        _report_conversations(out["conversations_by_platform"])
     if "in_flight" in out:
         f = out["in_flight"]
-        print_table(f"Runs in flight ({_where(args.inflight_platform)}) with a {f['model_latency_s']:.0f} s model, "
+        print_table(f"Runs in flight ({_WHERE[args.inflight_platform]}) with a {f['model_latency_s']:.0f} s model, "
                     f"{f['users']} users at once (gateway.max_concurrent_runs={args.max_runs})",
                     ["users", "peak runs in flight", "peak model requests", "seconds", "reply p50 ms",
                      "reply p99 ms", "errors"],
@@ -231,25 +255,28 @@ def _report(args: argparse.Namespace, out: dict[str, Any]) -> None:
                       f["reply"]["p50_ms"], f["reply"]["p99_ms"], f["errors"]]])
 
 
-def _report_conversations(args: argparse.Namespace, c: dict[str, Any]) -> None:
-    print_table(f"Chat ({_where(args.platform)}), 0 ms model: {c['users']} users x {c['messages_per_user']} messages "
+def _report_conversations(by_platform: dict[str, dict[str, Any]]) -> None:
+    first = next(iter(by_platform.values()))
+    print_table(f"Chat, 0 ms model: {first['users']} users x {first['messages_per_user']} messages per platform "
                 "(each user waits for an answer before the next)",
-                ["messages", "msg/s", "CPU ms/msg*", "ack p50", "ack p99", "reply p50", "reply p99", "reply max",
-                 "errors"],
-                [[c["messages"], c["messages_per_s"], c["cpu_ms_per_message"], c["ack"]["p50_ms"],
+                ["platform", "messages", "msg/s", "CPU ms/msg*", "ack p50", "ack p99", "reply p50", "reply p99",
+                 "reply max", "errors", "load 1m"],
+                [[name, c["messages"], c["messages_per_s"], c["cpu_ms_per_message"], c["ack"]["p50_ms"],
                   c["ack"]["p99_ms"], c["reply"]["p50_ms"], c["reply"]["p99_ms"], c["reply"]["max_ms"],
-                  c["errors"]]])
-    print("  * " + ("CPU of the gateway process" if args.platform == "telegram" else
-                    "CPU of the whole benchmark process (gateway, scripted model, load generator)") +
-          f". Latencies in ms; with {c['users']} users waiting at once, reply latency is mostly queueing.")
+                  c["errors"], c["load_average_1m"]] for name, c in by_platform.items()])
+    for name, c in by_platform.items():
+        print(f"  {name}: {_WHERE[name]}" + "".join(f"\n    error: {e}" for e in c["error_samples"]))
+    print("  * CPU of the gateway process; for double, of the whole benchmark process (gateway, scripted model, "
+          f"load generator).\n  Latencies in ms; with {first['users']} users waiting at once, reply latency is "
+          "mostly queueing. load 1m: the machine's load average after the platform's run.")
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--platform", choices=sorted(_PLATFORMS), default="telegram",
-                        help="throughput phase: telegram (real adapter + simulator, gateway subprocess) or "
-                             "double (in-process)")
+    parser.add_argument("--platform", nargs="+", choices=[*sorted(_PLATFORMS), _ALL], default=["telegram"],
+                        help="throughput phase, one platform after the other: telegram, slack, discord (real "
+                             "adapter + simulator, gateway subprocess), all (those three) or double (in-process)")
     parser.add_argument("--inflight-platform", choices=sorted(_PLATFORMS), default="double",
                         help="slow-model phase platform (default double: the core's own concurrency)")
     parser.add_argument("--users", type=int, default=1000, help="users in the throughput phase (0: skip)")
@@ -262,9 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="hermes-bench-chat-") as tmp:
         out = asyncio.run(_run(args, Path(tmp)))
     _report(args, out)
-    save_results("chat", {"platform": args.platform, "inflight_platform": args.inflight_platform,
+    save_results("chat", {"platforms": _platforms(args.platform), "inflight_platform": args.inflight_platform,
                           "max_concurrent_runs": args.max_runs, **out})
-
 
 if __name__ == "__main__":
     main()

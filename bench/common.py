@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import platform
@@ -23,7 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 import asyncpg
@@ -31,7 +32,9 @@ import yaml
 from aiohttp import web
 
 from gateway.sim.callback_sink import CallbackSink
+from gateway.sim.discord_api import DiscordSimulator, RestCall
 from gateway.sim.model_server import Turn, text, tool_call
+from gateway.sim.slack_api import ApiCall, SlackSimulator
 from gateway.sim.telegram_api import Call, TelegramSimulator
 from platforms.base import AdapterState, BasePlatformAdapter, MessageEvent, OnMessage, SendResult
 from platforms.webhook_signatures import sign
@@ -225,6 +228,17 @@ class ServiceProcess:
         prefix = f"{name}{{{labels}}} " if labels else f"{name} "
         return next((float(line[len(prefix):]) for line in body.splitlines() if line.startswith(prefix)), 0.0)
 
+    async def wait_ready(self, session: aiohttp.ClientSession, timeout: float = 30.0) -> None:
+        """Wait until ``/readyz`` answers 200 (the store and every platform adapter connected)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(self.base_url + "/readyz",
+                                           timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.05)
+
     def log_problems(self, limit: int = 5) -> list[str]:
         """Distinct WARNING/ERROR log lines of the process (timestamps dropped), with their counts."""
         counts: dict[str, int] = {}
@@ -284,14 +298,15 @@ def webhook_platform(deliver_to: str) -> dict[str, Any]:
 
 
 def write_gateway_config(home: Path, model_url: str, sink_url: str, *, stream: bool = True,
-                         telegram: TelegramSimulator | None = None,
+                         telegram: TelegramSimulator | None = None, chats: Sequence[SimulatedChat] = (),
                          overrides: Mapping[str, Any] | None = None) -> Path:
     """A gateway config for the subprocess benchmarks (route ``bench`` delivering to ``callback:sink``).
 
     Limits that would throttle a benchmark (route rate limit and concurrency) are raised; the rest is
     the default configuration. The route's toolset is ``file`` so the model's one tool call
     (``read_file`` of a small workspace file) is real but cheap. With ``telegram``, the Telegram
-    adapter polls that simulator and every Telegram user is allowed.
+    adapter polls that simulator; each of ``chats`` adds its platform the same way. Every user of a chat
+    platform configured here is allowed.
     """
     workspace = home / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
@@ -309,9 +324,12 @@ def write_gateway_config(home: Path, model_url: str, sink_url: str, *, stream: b
             "callback": {"targets": {"sink": {"url": sink_url, "secret": SINK_SECRET}}},
         },
     }
+    sections = {chat.platform: chat.platform_config(home) for chat in chats}
     if telegram is not None:
-        cfg["platforms"]["telegram"] = telegram_platform(telegram)
-        cfg["auth"] = {"platforms": {"telegram": {"allow_all": True}}}
+        sections["telegram"] = telegram_platform(telegram)
+    if sections:
+        cfg["platforms"].update(sections)
+        cfg["auth"] = {"platforms": {name: {"allow_all": True} for name in sections}}
     for section, values in (overrides or {}).items():
         cfg[section] = {**cfg.get(section, {}), **values}
     path = home / "config.yaml"
@@ -587,48 +605,91 @@ class ChatDouble(BasePlatformAdapter):
         return sent, accepted, answered
 
 
-# -- Telegram simulator --------------------------------------------------------------------------------
+# -- chat platform simulators --------------------------------------------------------------------------
 
 TELEGRAM_TOKEN = "123456:BENCH-token-0123456789abcdefghijklmnopq"
 _PREVIEW_CURSOR = "▍"
+# Discord users of the benchmark: ids clear of the simulator's own users, bot, guild and channels.
+_DISCORD_USER_BASE = 4_000_000_000
+
+
+class SimulatedChat(Protocol):
+    """A platform simulator a chat benchmark drives: users write in their own DM and await the bot's answer."""
+
+    platform: str
+
+    async def start(self) -> None:
+        """Serve on an ephemeral port."""
+
+    async def stop(self) -> None:
+        """Stop serving."""
+
+    async def say(self, user: int, text_: str, timeout: float = 60.0) -> tuple[float, float, float]:
+        """User ``user`` writes ``text_``; returns (sent, accepted or NaN, answered) ``perf_counter`` times."""
+        ...
+
+    def platform_config(self, home: Path) -> dict[str, Any]:
+        """The ``platforms.<platform>`` section pointing the gateway's adapter at this simulator."""
+        ...
+
+
+class _FinalAnswers:
+    """Per-chat waiters, resolved when the bot's final answer lands in the chat: a post or an edit whose
+    text is not a streaming preview (which ends with the cursor). One pending message per chat."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, asyncio.Future[float]] = {}
+
+    def seen(self, chat: object, text_: str) -> None:
+        """The bot posted or edited ``text_`` in ``chat``."""
+        if text_ and not text_.rstrip().endswith(_PREVIEW_CURSOR):
+            waiter = self._waiters.pop(str(chat), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(time.perf_counter())
+
+    async def say(self, chat: object, send: Callable[[], object], timeout: float) -> tuple[float, float]:
+        """Call ``send`` (a user's message to ``chat``; awaited if it returns an awaitable) and wait for the
+        final answer; returns (sent, answered) ``perf_counter`` times."""
+        key = str(chat)
+        waiter = self._waiters[key] = asyncio.get_running_loop().create_future()
+        sent = time.perf_counter()
+        try:
+            if inspect.isawaitable(outcome := send()):
+                await outcome
+            return sent, await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._waiters.pop(key, None)
 
 
 class BenchTelegram(TelegramSimulator):
-    """The Telegram Bot API simulator, also resolving a per-chat waiter when the bot's final answer lands
-    (a sendMessage or edit whose text is not a streaming preview). One pending message per chat."""
+    """The Telegram Bot API simulator, also resolving a per-chat waiter when the bot's final answer lands."""
+
+    platform = "telegram"
 
     def __init__(self) -> None:
         super().__init__(token=TELEGRAM_TOKEN, bot_username="hermes_bench_bot")
-        self._answers: dict[int, asyncio.Future[float]] = {}
+        self._answers = _FinalAnswers()
 
     async def _send_message(self, call: Call) -> Any:
         result = await super()._send_message(call)
-        self._answered(call)
+        self._answers.seen(call.params.get("chat_id"), str(call.params.get("text") or ""))
         return result
 
     async def _edit_message_text(self, call: Call) -> Any:
         result = await super()._edit_message_text(call)
-        self._answered(call)
+        self._answers.seen(call.params.get("chat_id"), str(call.params.get("text") or ""))
         return result
-
-    def _answered(self, call: Call) -> None:
-        text_ = str(call.params.get("text") or "")
-        if text_ and not text_.rstrip().endswith(_PREVIEW_CURSOR):
-            waiter = self._answers.pop(int(call.params.get("chat_id", 0)), None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(time.perf_counter())
 
     async def say(self, user: int, text_: str, timeout: float = 60.0) -> tuple[float, float, float]:
         """User ``user`` writes in their DM; returns (sent, NaN, answered) ``perf_counter`` times (the
         acknowledgement to Telegram, a later ``getUpdates`` offset, is not observed per message)."""
-        waiter = self._answers[user] = asyncio.get_running_loop().create_future()
-        sent = time.perf_counter()
-        self.user_sends(text_, user_id=user, first_name=f"user{user}", username=f"user{user}")
-        try:
-            answered = await asyncio.wait_for(waiter, timeout)
-        finally:
-            self._answers.pop(user, None)
+        sent, answered = await self._answers.say(user, lambda: self.user_sends(
+            text_, user_id=user, first_name=f"user{user}", username=f"user{user}"), timeout)
         return sent, float("nan"), answered
+
+    def platform_config(self, home: Path) -> dict[str, Any]:
+        """``platforms.telegram`` polling this simulator."""
+        return telegram_platform(self)
 
     def forget(self) -> None:
         """Drop the call logs recorded so far (keeps long runs flat; chats and messages stay)."""
@@ -640,3 +701,74 @@ def telegram_platform(sim: TelegramSimulator) -> dict[str, Any]:
     """``platforms.telegram`` polling the simulator, PTB's rate limiter off (the simulator has no limits)."""
     return {"enabled": True, "token": TELEGRAM_TOKEN, "base_url": sim.base_url, "base_file_url": sim.base_file_url,
             "mode": "polling", "poll_timeout": 10, "rate_limit": {"overall_per_second": 0, "group_per_minute": 0}}
+
+
+class BenchSlack(SlackSimulator):
+    """The Slack simulator (Socket Mode; the bot's own posts echoed back as events, as Slack does), also
+    resolving a per-DM waiter when the bot's final answer is posted or edited in."""
+
+    platform = "slack"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._answers = _FinalAnswers()
+
+    def _post_message(self, call: ApiCall) -> dict[str, Any]:
+        result = super()._post_message(call)
+        self._answers.seen(call.params.get("channel"), str(call.params.get("text") or ""))
+        return result
+
+    def _update_message(self, call: ApiCall) -> dict[str, Any]:
+        result = super()._update_message(call)
+        self._answers.seen(call.params.get("channel"), str(call.params.get("text") or ""))
+        return result
+
+    async def say(self, user: int, text_: str, timeout: float = 60.0) -> tuple[float, float, float]:
+        """User ``U<user>`` writes in their DM; returns (sent, NaN, answered) ``perf_counter`` times (the
+        Socket Mode ack is not observed per message)."""
+        member = f"U{user:07d}"
+        sent, answered = await self._answers.say(self.dm_channel(member),
+                                                 lambda: self.user_sends_dm(text_, user=member), timeout)
+        return sent, float("nan"), answered
+
+    def platform_config(self, home: Path) -> dict[str, Any]:
+        """``platforms.slack`` in Socket Mode against this simulator."""
+        return {"enabled": True, "bot_token": self.bot_token, "app_token": self.app_token,
+                "signing_secret": self.signing_secret, "api_base_url": self.base_url}
+
+
+class BenchDiscord(DiscordSimulator):
+    """The Discord simulator with as many users as the benchmark needs, also resolving a per-DM waiter when
+    the bot's final answer is created or edited in."""
+
+    platform = "discord"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._answers = _FinalAnswers()
+
+    async def _rest_create_message(self, call: RestCall, channel_id: int) -> tuple[int, Any]:
+        status, message = await super()._rest_create_message(call, channel_id)
+        self._answers.seen(channel_id, str(message.get("content") or ""))
+        return status, message
+
+    async def _rest_edit_message(self, call: RestCall, channel_id: int, message_id: int) -> tuple[int, Any]:
+        status, message = await super()._rest_edit_message(call, channel_id, message_id)
+        self._answers.seen(channel_id, str(message.get("content") or ""))
+        return status, message
+
+    async def say(self, user: int, text_: str, timeout: float = 60.0) -> tuple[float, float, float]:
+        """User ``user`` writes in their DM; returns (sent, NaN, answered) ``perf_counter`` times (gateway
+        events have no acknowledgement)."""
+        user_id = _DISCORD_USER_BASE + user
+        # The simulator's drivers write as its known users only (Alice, Bob ...): register one per bench user.
+        self._users.setdefault(user_id, self._user_json(user_id, f"user{user}"))
+        sent, answered = await self._answers.say(self.dm_channel_id(user_id),
+                                                 lambda: self.user_sends_dm(text_, user_id=user_id), timeout)
+        return sent, float("nan"), answered
+
+    def platform_config(self, home: Path) -> dict[str, Any]:
+        """``platforms.discord`` on this simulator's REST API and gateway, its state file in ``home``."""
+        return {"enabled": True, "token": self.token, "api_base_url": self.api_base_url,
+                "gateway_url": self.gateway_url, "guild_ready_timeout": 0.05, "reconnect_backoff": 0.05,
+                "state_file": str(home / "discord-state.json")}
