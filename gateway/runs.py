@@ -68,6 +68,21 @@ class RunJob:
     toolsets: list[str]
     target: Target | None
     history: bool
+    slots: HeldSlots | None = None
+    """Set when the run was started as it was accepted, with these slots already taken for it."""
+
+
+@dataclass(slots=True)
+class HeldSlots:
+    """Concurrency slots taken for a run before it was accepted; released when it ends."""
+
+    semaphores: tuple[asyncio.Semaphore, ...]
+
+    def release(self) -> None:
+        """Give the slots back (once)."""
+        semaphores, self.semaphores = self.semaphores, ()
+        for semaphore in semaphores:
+            semaphore.release()
 
 
 class CronHook(Protocol):
@@ -161,16 +176,33 @@ class RunExecutor:
         if event is not None:
             event.set()
 
+    def _slots_of(self, kind: str, source: str) -> tuple[asyncio.Semaphore, ...]:
+        if kind == "webhook":  # the route's slot first: runs queued behind a busy route must not hold global ones
+            return self._route_slots.setdefault(source, asyncio.Semaphore(4)), self._webhook_slots
+        return (self._chat_slots,)
+
+    async def take_free_webhook_slots(self, source: str) -> HeldSlots | None:
+        """A webhook run's slots, if all are free now (without waiting): the run can then start as it is
+        accepted (``Store.accept(started=True)``, one transaction less). None when it would have to wait."""
+        semaphores = self._slots_of("webhook", source)
+        if any(s.locked() for s in semaphores):
+            return None
+        for semaphore in semaphores:
+            await semaphore.acquire()  # free, so this returns at once: nothing else runs in between
+        return HeldSlots(semaphores)
+
     async def execute(self, job: RunJob) -> None:
         """Run the job once slots allow; a run stopped before it started is recorded as cancelled."""
         try:
-            if job.kind == "webhook":
-                # the route's slot first: runs queued behind a saturated route must not hold global slots
-                route_slot = self._route_slots.setdefault(job.source, asyncio.Semaphore(4))
-                async with route_slot, self._webhook_slots:
+            if job.slots is not None:
+                try:
                     await self._execute(job)
+                finally:
+                    job.slots.release()
             else:
-                async with self._chat_slots:
+                async with contextlib.AsyncExitStack() as held:
+                    for semaphore in self._slots_of(job.kind, job.source):
+                        await held.enter_async_context(semaphore)
                     await self._execute(job)
         except asyncio.CancelledError:
             if job.run_id not in self._stop_requested:
@@ -197,7 +229,8 @@ class RunExecutor:
     async def _execute(self, job: RunJob) -> None:
         e = job.event
         session = SessionRef(job.session_key, e.platform, e.chat_id, e.user_id, e.thread_id) if job.history else None
-        context = await self.store.start_run(job.run_id, job.inbox_id, session, self.cfg.model.history_messages)
+        context = (RunContext(None, []) if job.slots is not None
+                   else await self.store.start_run(job.run_id, job.inbox_id, session, self.cfg.model.history_messages))
         if context is None:
             logger.info("run %s already finished; not running it again", job.run_id)
             return

@@ -543,12 +543,16 @@ class Store:
     # -- inbox -----------------------------------------------------------
 
     async def accept(self, dedupe_key: str, platform: str, kind: str, session_key: str,
-                     payload: dict[str, Any], run: NewRun | None = None) -> Acceptance:
-        """Persist an event (and its run) once; a repeated dedupe key returns the first acceptance."""
+                     payload: dict[str, Any], run: NewRun | None = None, *, started: bool = False) -> Acceptance:
+        """Persist an event (and its run) once; a repeated dedupe key returns the first acceptance.
+
+        ``started``: the run starts as it is accepted (as ``start_run`` would record it, for a run that needs
+        no session history), which saves its caller a transaction.
+        """
         now = time.time()
         row_values = {"dedupe_key": dedupe_key, "platform": platform, "kind": kind, "session_key": session_key,
-                      "payload": _dumps(payload), "status": "pending", "run_id": run.id if run else None,
-                      "created_at": now, "updated_at": now}
+                      "payload": _dumps(payload), "status": "running" if started else "pending",
+                      "run_id": run.id if run else None, "created_at": now, "updated_at": now}
 
         def work(conn: Connection) -> Acceptance:
             inserted = conn.execute(insert_ignoring_conflicts(conn.dialect.name, inbox_t, "dedupe_key"),
@@ -559,9 +563,9 @@ class Store:
             if run is not None:
                 conn.execute(_RUN_INSERT, {
                     "id": run.id, "kind": run.kind, "source": run.source, "session_key": session_key,
-                    "status": "queued", "toolsets": _dumps(run.toolsets), "prompt": run.prompt,
-                    "deliver_to": run.deliver_to, "tool_calls": "[]", "model_calls": 0, "attempts": 0,
-                    "created_at": now})
+                    "status": "running" if started else "queued", "toolsets": _dumps(run.toolsets),
+                    "prompt": run.prompt, "deliver_to": run.deliver_to, "tool_calls": "[]", "model_calls": 0,
+                    "attempts": int(started), "created_at": now, "started_at": now if started else None})
             return Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
 
         return await self.db.write(work)

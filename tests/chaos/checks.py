@@ -64,28 +64,23 @@ class OutboxRow:
 
 @dataclass(slots=True)
 class Db:
-    """The gateway's inbox, runs and outbox; ``has_in_doubt`` tells whether the outbox has that column yet."""
+    """The gateway's inbox, runs and outbox."""
 
     inbox: dict[str, InboxRow]
     runs: dict[str, RunRow]
     outbox: list[OutboxRow]
-    has_in_doubt: bool
 
 
 def read_db(path: Path) -> Db:
     """Read the tables the checks need (after the gateway stopped)."""
     with closing(sqlite3.connect(path, timeout=10)) as db:
-        columns = {row[1] for row in db.execute("PRAGMA table_info(outbox)")}
-        has_in_doubt = "in_doubt" in columns
         inbox = {r[1]: InboxRow(*r) for r in db.execute(
             "SELECT id, dedupe_key, session_key, status, run_id FROM inbox ORDER BY id")}
         runs = {r[0]: RunRow(*r) for r in db.execute("SELECT id, status, result, attempts FROM runs")}
-        doubt = "in_doubt" if has_in_doubt else "0"
-        lane = "lane" if "lane" in columns else "platform || ':' || chat_id"
         outbox = [OutboxRow(*r) for r in db.execute(
-            f"SELECT id, dedupe_key, run_id, platform, chat_id, status, attempts, {doubt}, {lane} FROM outbox "
+            "SELECT id, dedupe_key, run_id, platform, chat_id, status, attempts, in_doubt, lane FROM outbox "
             "ORDER BY id")]
-    return Db(inbox, runs, outbox, has_in_doubt)
+    return Db(inbox, runs, outbox)
 
 
 def db_progress(path: Path) -> tuple[set[str], int, int, int]:
@@ -293,7 +288,6 @@ def figures(world: World, driver: Driver, db: Db, replies: Sequence[Reply], verd
         "replies delivered: " + ", ".join(f"{p} {shown[p]}" for p in ("telegram", "slack", "discord"))
         + f", callback {len(webhook_ids)} distinct webhook-ids in {shown['callback']} deliveries "
         f"({shown['callback'] - len(webhook_ids)} repeats)",
-        "in-doubt parts: " + (str(sum(p.in_doubt > 0 for p in db.outbox)) if db.has_in_doubt
-                              else "n/a (the outbox has no in_doubt column yet)")
-        + f"; telegram answers shown twice while in doubt: {verdict.in_doubt_repeats}",
+        f"in-doubt parts: {sum(p.in_doubt > 0 for p in db.outbox)}; "
+        f"telegram answers shown twice while in doubt: {verdict.in_doubt_repeats}",
     ]

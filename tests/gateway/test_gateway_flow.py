@@ -41,6 +41,39 @@ async def test_duplicate_delivery_gets_same_run_and_no_second_run(make_gateway) 
     assert len(h.model.requests) == 1
 
 
+ONE_AT_A_TIME = {"platforms": {"webhook": {"routes": {"github": {"max_concurrency": 1}}}}}
+
+
+async def test_a_webhook_run_with_a_free_slot_starts_as_it_is_accepted(make_gateway) -> None:
+    h = await make_gateway(ONE_AT_A_TIME)
+    _, first = await h.post_webhook(delivery_id="a")
+    run = await h.gateway.store.get_run(first["run_id"])
+    assert run is not None and run.status in ("running", "completed")  # never queued
+    assert (run.attempts, run.started_at) == (1, run.created_at)  # started in the accepting transaction
+    await h.wait_run(first["run_id"])
+    # a redelivery finds the slot free, takes it, learns it is a duplicate: the slot must come back
+    assert (await h.post_webhook(delivery_id="a"))[0] == 200
+    _, second = await h.post_webhook(delivery_id="b")
+    assert (await h.wait_run(second["run_id"], timeout=5))["status"] == "completed"
+    await h.sink.wait_for(2)
+
+
+async def test_a_webhook_run_waiting_for_its_route_slot_is_queued_then_started(make_gateway) -> None:
+    h = await make_gateway(ONE_AT_A_TIME)
+    h.model.latency = 0.3
+    _, first = await h.post_webhook(delivery_id="a")
+    _, second = await h.post_webhook(delivery_id="b")
+    waiting = await h.gateway.store.get_run(second["run_id"])
+    assert waiting is not None and (waiting.status, waiting.attempts, waiting.started_at) == ("queued", 0, None)
+    done = await h.wait_run(second["run_id"])
+    assert done["status"] == "completed"
+    started = await h.gateway.store.get_run(second["run_id"])
+    finished_first = await h.gateway.store.get_run(first["run_id"])
+    assert started is not None and finished_first is not None and finished_first.finished_at is not None
+    assert started.attempts == 1 and started.started_at is not None
+    assert started.started_at >= finished_first.finished_at  # one at a time on the route
+
+
 async def test_chat_round_trip_with_history_and_streamed_preview(make_gateway) -> None:
     h = await make_gateway({"model": {"stream": True}}, responder=rules(
         (r"remember", tool_call("memory", {"action": "add", "text": "likes tea"})),
