@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import httpx
 from aiohttp import web
 from telegram import LinkPreviewOptions, Message, MessageEntity, ReplyParameters, Update
 from telegram.constants import ChatAction, ChatType, ParseMode
@@ -34,6 +35,7 @@ from telegram.error import (
     TelegramError,
 )
 from telegram.ext import AIORateLimiter, Application
+from telegram.request import HTTPXRequest
 
 from platforms.base import (
     Accepted,
@@ -57,6 +59,10 @@ _BACKOFF_INITIAL = 0.5
 _BACKOFF_MAX = 30.0
 _STOP_GRACE = 5.0  # seconds stop_receiving lets an update being handed over finish
 _CONFIRM_TIMEOUT = 2.0
+_POOL_SIZE = 256  # PTB's default for API calls
+# Idle connections kept open. httpx keeps all by default and checks every idle one on each request, which
+# grew to ~2 s of loop time per 200-run burst (bench/RESULTS.md, section 3).
+IDLE_CONNECTIONS_KEPT = 32
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 _CHAT_TYPES: dict[str, Literal["dm", "group"]] = {ChatType.PRIVATE: "dm", ChatType.GROUP: "group",
                                          ChatType.SUPERGROUP: "group"}
@@ -177,7 +183,9 @@ class TelegramAdapter(BasePlatformAdapter):
         self.settings = settings
         self.bot_username: str | None = None
         builder = (Application.builder().token(settings.token).base_url(settings.base_url)
-                   .base_file_url(settings.base_file_url).updater(None).job_queue(None))
+                   .base_file_url(settings.base_file_url).updater(None).job_queue(None)
+                   .request(HTTPXRequest(connection_pool_size=_POOL_SIZE, httpx_kwargs={"limits": httpx.Limits(
+                       max_connections=_POOL_SIZE, max_keepalive_connections=IDLE_CONNECTIONS_KEPT)})))
         if settings.overall_per_second or settings.group_per_minute:
             # max_retries=0: a 429 comes back to the outbox, which keeps the part durable and retries it
             # after retry_after without holding up other chats (PTB would sleep inside the call).

@@ -957,6 +957,12 @@ class TelegramSimulator:
         """Full URL of one method, for raw HTTP clients."""
         return f"{self.base_url}{self.token}/{method}"
 
+    @property
+    def open_connections(self) -> int:
+        """TCP connections clients hold open to the simulator now (busy or idle keep-alive)."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
     # ----------------------------------------------------------------- readers
 
     @property

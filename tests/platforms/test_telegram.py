@@ -36,6 +36,7 @@ from gateway.sim.telegram_api import (
     TelegramSimulator,
     parse_entities,
 )
+from platforms import telegram as telegram_platform
 from platforms.base import Accepted, MessageEvent, utf16_len
 from platforms.telegram import AttachmentTooLarge, TelegramAdapter, TelegramSettings
 from platforms.telegram_format import markdown_to_html
@@ -549,6 +550,33 @@ async def test_an_update_the_gateway_could_not_store_is_offered_again(world: Wor
         await world.sim.wait_for(lambda: not world.sim.pending_updates)
         assert offered == [str(update_id), str(update_id)]
     finally:
+        await adapter.disconnect()
+
+
+async def test_idle_connections_to_the_bot_api_are_bounded_after_a_burst(world: World) -> None:
+    sim, cap = world.sim, telegram_platform.IDLE_CONNECTIONS_KEPT
+    adapter = TelegramAdapter(_settings(sim, overall_per_second=0, group_per_minute=0))
+    await adapter.connect(_Inbox(), receive=False)
+    sim.user_sends("hello")  # Alice's chat exists
+    sim.slow_next("sendMessage", 0.3, n=3 * cap)  # every send of the burst in flight at once
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, sim.open_connections)
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        sent = await asyncio.gather(*(adapter.send(str(ALICE), f"burst {i}") for i in range(3 * cap)))
+        assert all(r.success for r in sent), [r for r in sent if not r.success][:2]
+        assert peak > cap  # the burst did open more connections than are kept
+        async with asyncio.timeout(2):  # well before httpx's 5 s keep-alive expiry
+            while sim.open_connections > cap:
+                await asyncio.sleep(0.05)
+    finally:
+        watcher.cancel()
         await adapter.disconnect()
 
 
