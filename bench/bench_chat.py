@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from bench.common import (
     MODEL_KEY,
@@ -60,26 +59,6 @@ from gateway.config import parse_config
 from gateway.sim.model_server import ScriptedModel
 
 Say = Callable[[int, str, float], Awaitable[tuple[float, float, float]]]
-
-
-class CountingModel(ScriptedModel):
-    """The scripted model, also counting chat-completion requests in flight (and their peak)."""
-
-    def __init__(self, latency: float = 0.0) -> None:
-        super().__init__(api_key=MODEL_KEY, latency=latency)
-        self.in_flight = 0
-        self.peak = 0
-        self.app.middlewares.append(self._count)
-
-    @web.middleware
-    async def _count(self, request: web.Request,
-                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        try:
-            return await handler(request)
-        finally:
-            self.in_flight -= 1
 
 
 def chat_config(home: Path, model_url: str, max_runs: int, overrides: dict[str, Any] | None = None) -> Any:
@@ -183,7 +162,7 @@ async def _conversations(chat: _Chat, users: int, messages: int) -> dict[str, An
             "reply": latency_ms(replies)}
 
 
-async def _in_flight(chat: _Chat, model: CountingModel, users: int) -> dict[str, Any]:
+async def _in_flight(chat: _Chat, model: ScriptedModel, users: int) -> dict[str, Any]:
     peak_runs = 0.0
     done = asyncio.Event()
 
@@ -203,7 +182,7 @@ async def _in_flight(chat: _Chat, model: CountingModel, users: int) -> dict[str,
     failures = [o for o in outcomes if isinstance(o, BaseException)]
     replies = [o[2] - o[0] for o in outcomes if not isinstance(o, BaseException)]
     return {"users": users, "model_latency_s": model.latency, "peak_runs_in_flight": peak_runs,
-            "peak_model_requests_in_flight": model.peak, "seconds": elapsed, "errors": len(failures),
+            "peak_model_requests_in_flight": model.peak_in_flight, "seconds": elapsed, "errors": len(failures),
             "error_samples": [f"{type(f).__name__}: {f}" for f in failures[:3]], "reply": latency_ms(replies)}
 
 
@@ -228,14 +207,14 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     if args.users:
         by_platform: dict[str, Any] = {}
         for name in _platforms(args.platform):
-            async with CountingModel() as model:
+            async with ScriptedModel(api_key=MODEL_KEY) as model:
                 assert model.base_url is not None
                 async with _PLATFORMS[name](home / f"fast-{name}", model.base_url, args.max_runs) as chat:
                     by_platform[name] = await _conversations(chat, args.users, args.messages)
             by_platform[name]["load_average_1m"] = os.getloadavg()[0]
         out["conversations_by_platform"] = by_platform
     if args.inflight_users:
-        async with CountingModel(latency=args.slow_latency) as model:
+        async with ScriptedModel(api_key=MODEL_KEY, latency=args.slow_latency) as model:
             assert model.base_url is not None
             async with _PLATFORMS[args.inflight_platform](home / "slow", model.base_url, args.max_runs) as chat:
                 out["in_flight"] = await _in_flight(chat, model, args.inflight_users)

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 import openai
 import openai.lib.streaming.chat  # the SDK would import it on the first call, stalling the loop meanwhile
 
@@ -34,6 +35,8 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 OnText = Callable[[str], Awaitable[None]]
+_SDK_MAX_CONNECTIONS = 1000  # the openai SDK's own defaults
+_SDK_KEEPALIVE = 100
 
 
 class ModelError(Exception):
@@ -57,14 +60,18 @@ class RunOutcome:
     ended_by: str = "answer"
 
 
-def build_client(cfg: ModelSettings) -> openai.AsyncOpenAI:
-    """One long-lived client per model configuration, on the aiohttp transport."""
+def build_client(cfg: ModelSettings, max_connections: int = _SDK_MAX_CONNECTIONS) -> openai.AsyncOpenAI:
+    """One long-lived client per model configuration, on the aiohttp transport, allowing
+    ``max_connections`` model calls at once (the gateway passes its run limits: the SDK's default
+    of 1,000 would queue calls inside the client that the configuration allows)."""
+    limits = httpx2.Limits(max_connections=max_connections,
+                          max_keepalive_connections=min(_SDK_KEEPALIVE, max_connections))
     return openai.AsyncOpenAI(
         base_url=cfg.base_url,
         api_key=cfg.api_key.get_secret_value() or "not-needed",
         max_retries=cfg.max_retries,
         timeout=openai.Timeout(cfg.timeout, connect=cfg.connect_timeout),
-        http_client=openai.DefaultAioHttpClient(),
+        http_client=openai.DefaultAioHttpClient(limits=limits),
     )
 
 

@@ -118,7 +118,8 @@ class Gateway:
         configure_web_search(cfg.web.search_url)
         configure_url_safety(cfg.web.allow_private_networks)
         install_tool_backends(self.store, asyncio.get_running_loop())
-        self._client = build_client(cfg.model)
+        runs = cfg.gateway.max_concurrent_runs + cfg.gateway.max_concurrent_webhook_runs
+        self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
         agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics)
         self.adapters = {**build_adapters(cfg), **self._extra_adapters}

@@ -315,6 +315,9 @@ class ScriptedModel:
         self.chunk_delay = chunk_delay
         self.chunk_size = chunk_size
         self.requests: list[JSON] = []
+        self.in_flight = 0
+        """Chat-completion requests being answered now; ``peak_in_flight`` is the most at once."""
+        self.peak_in_flight = 0
         self.base_url: str | None = None
         self._auth = None if api_key is None else f"Bearer {api_key}"
         self._models = tuple(models)
@@ -481,6 +484,14 @@ class ScriptedModel:
         )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         if self._auth is not None and request.headers.get("Authorization") != self._auth:
             return _error_response(401)
         try:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
-from gateway.sim.model_server import rules, tool_call
+import pytest
+
+from gateway.agent import build_client
+from gateway.config import ModelSettings
+from gateway.sim.model_server import ScriptedModel, rules, tool_call
 
 
 async def test_webhook_run_does_not_stream_even_when_streaming_is_on(make_gateway) -> None:
@@ -51,3 +56,28 @@ async def test_runs_leave_the_shared_tool_definitions_unchanged(make_gateway) ->
         assert all(a is b for a, b in zip(plan.definitions, again.definitions, strict=True))  # the runs' entries
     assert [p.definitions for p in after] == before
     assert [r["tools"] for r in h.model.requests] == [before[0], before[0], before[1]]
+
+
+@pytest.mark.parametrize(("max_connections", "calls"), [(3, 8), (1100, 1050)])
+async def test_the_model_client_makes_as_many_calls_at_once_as_it_is_allowed(max_connections: int,
+                                                                          calls: int) -> None:
+    # The gateway allows one model call per run it may run at once; above 1,000 (the SDK's own limit)
+    # calls would otherwise wait inside the client.
+    expected = min(calls, max_connections)
+    async with ScriptedModel(api_key="k", latency=60) as model:  # answers come after the test
+        assert model.base_url is not None
+        client = build_client(ModelSettings(base_url=model.base_url, api_key="k", max_retries=0),
+                              max_connections=max_connections)
+        pending = [asyncio.create_task(client.chat.completions.create(
+            model="scripted-model", messages=[{"role": "user", "content": f"hi {i}"}])) for i in range(calls)]
+        try:
+            async with asyncio.timeout(30):
+                while model.in_flight < expected:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # and no more than that
+            assert model.in_flight == expected
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            await client.close()
