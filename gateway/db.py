@@ -7,6 +7,8 @@ The store's methods are written once as ``work(conn) -> result`` over a synchron
   batched into the next one (group commit): one thread hand-off and one commit for many callers,
   each caller's future settled only after the commit. A batch whose work raises is rolled back
   and its items are redone one transaction each, so one caller's error never touches another's.
+  Urgent work (accepting an event, which a platform is waiting on) goes into batches of its own,
+  ahead of queued bulk work, so a burst of finishing runs cannot hold up acknowledgements.
 - **PostgreSQL**: asyncpg through ``AsyncConnection.run_sync``: no thread hand-offs; concurrent
   work runs on pooled connections.
 """
@@ -19,6 +21,7 @@ import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,8 +64,9 @@ class Database(ABC):
         raise ValueError(f"unsupported store URL {url.split(':', 1)[0]!r}: use sqlite:///PATH or postgresql://...")
 
     @abstractmethod
-    async def write(self, work: Work[T]) -> T:
-        """Run ``work`` in a transaction that may write; returns once it is committed."""
+    async def write(self, work: Work[T], *, urgent: bool = False) -> T:
+        """Run ``work`` in a transaction that may write; returns once it is committed. ``urgent`` work
+        (a caller waiting on it, such as a platform for its acknowledgement) may go ahead of bulk work."""
 
     @abstractmethod
     async def read(self, work: Work[T]) -> T:
@@ -79,6 +83,7 @@ class _Item:
     write: bool
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    urgent: bool = False
 
 
 def _settle(outcomes: list[tuple[_Item, Any, BaseException | None]]) -> None:
@@ -115,18 +120,18 @@ class SqliteDatabase(Database):
         self._thread = threading.Thread(target=self._serve, name="hermes-db", daemon=True)
         self._thread.start()
 
-    async def write(self, work: Work[T]) -> T:
-        return await self._submit(work, True)
+    async def write(self, work: Work[T], *, urgent: bool = False) -> T:
+        return await self._submit(work, True, urgent)
 
     async def read(self, work: Work[T]) -> T:
-        return await self._submit(work, False)
+        return await self._submit(work, False, False)
 
-    def _submit(self, work: Work[T], write: bool) -> asyncio.Future[T]:
+    def _submit(self, work: Work[T], write: bool, urgent: bool) -> asyncio.Future[T]:
         if self._closed:
             raise RuntimeError("the database is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_Item(work, write, future, loop))
+        self._queue.put(_Item(work, write, future, loop, urgent))
         return future
 
     async def close(self) -> None:
@@ -139,23 +144,23 @@ class SqliteDatabase(Database):
 
     def _serve(self) -> None:
         conn: Connection | None = None
+        urgent: deque[_Item] = deque()
+        bulk: deque[_Item] = deque()
+        stopping = urgent_last = False
         try:
-            stopping = False
-            while not stopping:
-                first = self._queue.get()
-                if first is None:
-                    break
-                batch = [first]
-                while len(batch) < MAX_BATCH:
+            while urgent or bulk or not stopping:
+                if not urgent and not bulk:
+                    stopping = self._take(self._queue.get(), urgent, bulk)
+                while True:  # and whatever else is queued
                     try:
-                        item = self._queue.get_nowait()
+                        stopping = self._take(self._queue.get_nowait(), urgent, bulk) or stopping
                     except queue.Empty:
                         break
-                    if item is None:
-                        stopping = True
-                        break
-                    batch.append(item)
-                batch = [i for i in batch if not i.future.cancelled()]
+                # urgent work first, but alternating with bulk work while both wait, so neither starves
+                source = bulk if bulk and (urgent_last or not urgent) else urgent
+                urgent_last = source is urgent
+                batch = [i for i in (source.popleft() for _ in range(min(MAX_BATCH, len(source))))
+                         if not i.future.cancelled()]
                 if conn is None:
                     try:
                         conn = self.engine.connect()
@@ -166,6 +171,14 @@ class SqliteDatabase(Database):
         finally:
             if conn is not None:
                 conn.close()
+
+    @staticmethod
+    def _take(item: _Item | None, urgent: deque[_Item], bulk: deque[_Item]) -> bool:
+        """File a queued item; returns True for the stop sentinel."""
+        if item is None:
+            return True
+        (urgent if item.urgent else bulk).append(item)
+        return False
 
     def _run_batch(self, conn: Connection, batch: list[_Item]) -> None:
         if not batch:
@@ -217,8 +230,8 @@ class PostgresDatabase(Database):
 
         self.engine = create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 
-    async def write(self, work: Work[T]) -> T:
-        async with self.engine.begin() as conn:
+    async def write(self, work: Work[T], *, urgent: bool = False) -> T:
+        async with self.engine.begin() as conn:  # pooled connections: nothing queues behind bulk work
             return await conn.run_sync(work)
 
     async def read(self, work: Work[T]) -> T:

@@ -568,7 +568,7 @@ class Store:
                     "attempts": int(started), "created_at": now, "started_at": now if started else None})
             return Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
 
-        return await self.db.write(work)
+        return await self.db.write(work, urgent=True)  # the platform waits for it
 
     async def unfinished_inbox(self) -> list[InboxRow]:
         """Accepted events whose processing has not finished, oldest first."""

@@ -72,6 +72,50 @@ async def test_sqlite_batches_concurrent_units_into_few_transactions(db: Databas
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_sqlite_runs_urgent_work_ahead_of_queued_bulk_work_without_starving_it(db: Database) -> None:
+    ran: list[str] = []
+
+    def unit(name: str, item_id: int) -> object:
+        def work(conn: Connection) -> None:
+            ran.append(name)
+            conn.execute(_items.insert().values(id=item_id, v=name))
+        return work
+
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(db.write(lambda conn: gate.wait(5)))
+    await asyncio.sleep(0.05)  # the worker thread is inside the blocker's transaction
+    queued = [asyncio.ensure_future(db.write(unit(f"bulk{i}", i))) for i in range(3)]
+    queued += [asyncio.ensure_future(db.write(unit(f"urgent{i}", 10 + i), urgent=True)) for i in range(2)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.gather(blocker, *queued)
+    assert ran == ["urgent0", "urgent1", "bulk0", "bulk1", "bulk2"]  # the urgent batch first, then the rest
+
+    # while both kinds keep coming, batches alternate: bulk work is not left behind for good
+    ran.clear()
+    holding = threading.Event()
+
+    def urgent_held(conn: Connection) -> None:
+        ran.append("urgent-a")
+        holding.wait(5)
+        conn.execute(_items.insert().values(id=20, v="urgent-a"))
+
+    gate.clear()
+    blocker = asyncio.ensure_future(db.write(lambda conn: gate.wait(5)))
+    await asyncio.sleep(0.05)
+    first = [asyncio.ensure_future(db.write(urgent_held, urgent=True)),
+             asyncio.ensure_future(db.write(unit("bulk-a", 21)))]
+    await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.sleep(0.05)  # urgent-a's batch is running
+    late = asyncio.ensure_future(db.write(unit("urgent-b", 22), urgent=True))
+    await asyncio.sleep(0.05)
+    holding.set()
+    await asyncio.gather(blocker, *first, late)
+    assert ran == ["urgent-a", "bulk-a", "urgent-b"]
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_sqlite_skips_work_cancelled_before_it_ran_and_close_drains_the_rest(db: Database) -> None:
     gate = threading.Event()
     blocker = asyncio.ensure_future(db.write(lambda conn: gate.wait(5)))
