@@ -761,8 +761,7 @@ class BenchDiscord(DiscordSimulator):
         """User ``user`` writes in their DM; returns (sent, NaN, answered) ``perf_counter`` times (gateway
         events have no acknowledgement)."""
         user_id = _DISCORD_USER_BASE + user
-        # The simulator's drivers write as its known users only (Alice, Bob ...): register one per bench user.
-        self._users.setdefault(user_id, self._user_json(user_id, f"user{user}"))
+        self.add_user(user_id, f"user{user}")
         sent, answered = await self._answers.say(self.dm_channel_id(user_id),
                                                  lambda: self.user_sends_dm(text_, user_id=user_id), timeout)
         return sent, float("nan"), answered

@@ -29,7 +29,7 @@ from gateway.outbox import OutboxSender
 from gateway.pairing import PairingStore, format_code, notify_approved
 from gateway.runs import RunExecutor, RunJob, Target
 from gateway.session import SessionLanes, session_key
-from gateway.store import Acceptance, InboxRow, NewRun, OutboxPart, Store
+from gateway.store import InboxRow, NewRun, OutboxPart, Store
 from platforms.base import Accepted, BasePlatformAdapter, GatewayClosing, MessageEvent, SessionSource, split_message
 from toolsets import toolset_for_platform
 
@@ -154,13 +154,15 @@ class Router:
             # A webhook run that need not wait for a slot starts as it is accepted (its own session, no history).
             slots = (await self.executor.take_free_webhook_slots(run.source)
                      if run.kind == "webhook" and self.coordinator.sole else None)
-            accepted: Acceptance | None = None
             try:
-                acc = accepted = await self.store.accept(event.dedupe_key, event.platform, run.kind, key, payload,
-                                                         run, started=slots is not None)
-            finally:
-                if slots is not None and (accepted is None or accepted.duplicate):
-                    slots.release()  # no run to hand them to
+                acc = await self.store.accept(event.dedupe_key, event.platform, run.kind, key, payload, run,
+                                              started=slots is not None)
+            except BaseException:
+                if slots is not None:
+                    slots.release()
+                raise
+            if slots is not None and acc.duplicate:
+                slots.release()  # no run to hand them to
             if not acc.duplicate:
                 self._submit(RunJob(acc.inbox_id, run_id, run.kind, run.source, key, event, run.toolsets,
                                     Target.from_dict(payload["target"]), payload["history"], slots))

@@ -545,6 +545,10 @@ class DiscordSimulator:
 
     # ----------------------------------------------------------------- drivers
 
+    def add_user(self, user_id: int, name: str) -> None:
+        """Make one more user known (the drivers write as known users only)."""
+        self._users.setdefault(user_id, self._user_json(user_id, name))
+
     def user_sends_dm(self, content: str, *, user_id: int = ALICE_ID, reply_to: int | None = None,
                       attachments: Sequence[AttachmentSpec] = ()) -> JSON:
         """A user writes to the bot in their DM channel."""
