@@ -325,6 +325,7 @@ class GatewaySettings(_Section):
     max_concurrent_webhook_runs: int = Field(16, ge=1)
     tool_threads: int = Field(32, ge=1)
     stream_edit_interval: float = Field(1.0, gt=0)
+    typing_delay: float = Field(1.0, ge=0)
     drain_timeout: float = Field(30.0, ge=0)
     group_sessions_per_user: bool = True
     loop_lag_warn_ms: float = Field(250.0, gt=0)

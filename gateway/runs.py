@@ -98,16 +98,17 @@ class CronHook(Protocol):
 
 
 class _StreamPreview:
-    """Shows a run's text as it streams: one message, edited at most every ``interval`` seconds."""
+    """Shows a run's text as it streams: one message, sent once the text has been streaming for ``interval``
+    seconds and edited at most every ``interval`` seconds. An answer streamed faster than that gets no preview:
+    it is sent once, as the final message."""
 
     def __init__(self, adapter: BasePlatformAdapter, target: Target, interval: float) -> None:
         self.adapter = adapter
         self.target = target
         self.interval = interval
         self.message_id: str | None = None
-        self._last = 0.0
+        self._last: float | None = None  # the first text's arrival, then the last push
         self._inflight: asyncio.Task[None] | None = None
-        self._latest = ""
 
     def _clip(self, text: str) -> str:
         limit = self.adapter.max_message_length - 2
@@ -115,11 +116,12 @@ class _StreamPreview:
                                                                                  self.adapter.length_fn)[0] + " …"
 
     async def update(self, text: str) -> None:
-        self._latest = text
         now = time.monotonic()
+        if self._last is None:
+            self._last = now
         if self._inflight is not None and not self._inflight.done():
             return
-        if self.message_id is not None and now - self._last < self.interval:
+        if now - self._last < self.interval:
             return
         self._last = now
         self._inflight = asyncio.create_task(self._push(self._clip(text) + " ▍"))
@@ -220,7 +222,10 @@ class RunExecutor:
         return messages
 
     async def _typing(self, adapter: BasePlatformAdapter, target: Target) -> None:
+        """The typing indicator, once the run has taken ``gateway.typing_delay`` and then every few seconds (a quick
+        answer needs none, as Telegram's sendChatAction documentation recommends)."""
         meta = {"thread_id": target.thread_id} if target.thread_id else {}
+        await asyncio.sleep(self.cfg.gateway.typing_delay)
         while True:
             with contextlib.suppress(Exception):
                 await adapter.send_typing(target.chat_id, meta)

@@ -116,7 +116,7 @@ def base_config(home: Path, model_url: str, sink_url: str) -> dict[str, Any]:
                   "stream": False},
         "http": {"port": 0, "api_token": API_TOKEN},
         "store": {"url": f"sqlite:///{home}/state.db"},
-        "gateway": {"workspace": str(home / "workspace"), "stream_edit_interval": 0.05},
+        "gateway": {"workspace": str(home / "workspace"), "stream_edit_interval": 0.05, "typing_delay": 0},
         "web": {"allow_private_networks": ["127.0.0.1/32"]},
         "auth": {"platforms": {"telegram": {"allowed_users": ["1001", "1002"]}}},
         "platforms": {

@@ -56,7 +56,8 @@ def _config_data(home: Path, model_url: str, sim: TelegramSimulator, telegram: M
                   "stream": False},
         "http": {"port": 0, "api_token": API_TOKEN},
         "store": {"url": f"sqlite:///{home}/state.db"},
-        "gateway": {"workspace": str(home / "workspace"), "stream_edit_interval": 0.05, "drain_timeout": 1},
+        "gateway": {"workspace": str(home / "workspace"), "stream_edit_interval": 0.05, "typing_delay": 0,
+                    "drain_timeout": 1},
         "auth": {"platforms": {"telegram": {"allowed_users": [str(ALICE), str(BOB)]}}},
         "platforms": {"telegram": {"enabled": True, "token": sim.token, "base_url": sim.base_url,
                                    "base_file_url": sim.base_file_url, **telegram}},
@@ -150,6 +151,24 @@ async def test_dm_round_trip_with_tool_call_typing_and_streamed_edits(world: Wor
                                                   "allow_sending_without_reply": True}
     assert preview.params["link_preview_options"] == {"is_disabled": True}
     assert [c.params["action"] for c in world.sim.chat_actions(ALICE)][:1] == ["typing"]
+
+
+async def test_quick_streamed_answer_is_sent_once_without_preview_or_typing(world: World) -> None:
+    world.model.responder = rules(fallback=lambda request: text(ANSWER))
+    world.model.chunk_size, world.model.chunk_delay = 8, 0.001
+    await world.start(model={"stream": True}, gateway={"stream_edit_interval": 1.0, "typing_delay": 1.0})
+    world.sim.user_sends("quick one")
+    await world.sim.wait_for(lambda: _bot_texts(world.sim, ALICE) == [ANSWER], timeout=10)
+    await _quiet(1.2)  # past both delays: a late preview or typing indicator would show up now
+    [sent] = world.sim.sent_messages(ALICE)
+    assert sent.text == ANSWER and "▍" not in sent.text
+    assert world.sim.edits(ALICE) == [] and world.sim.chat_actions(ALICE) == []
+    # A slow answer (a tool call, then a 1.5 s model) gets the typing indicator once it has taken typing_delay.
+    world.model.responder = rules((r"slow", tool_call("todo", {"action": "list"})),
+                                  fallback=lambda request: text("done", latency=1.5))
+    world.sim.user_sends("slow one")
+    await world.sim.wait_for(lambda: _bot_texts(world.sim, ALICE)[-1:] == ["done"], timeout=10)
+    assert [c.params["action"] for c in world.sim.chat_actions(ALICE)] == ["typing"]
 
 
 async def test_unauthorized_user_gets_nothing_and_the_update_is_still_confirmed(world: World) -> None:
