@@ -35,7 +35,7 @@ BENCH := $(BIN)/python -m bench
 bench: bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron
 
 bench-webhook: $(STAMP)
-	$(BENCH).bench_webhook --open-duration 3
+	$(BENCH).bench_webhook --rounds 3 --duration 6 --open-duration 3
 
 bench-chat: $(STAMP)
 	$(BENCH).bench_chat --platform telegram slack discord --users 50 --messages 5 --inflight-users 1000

@@ -10,7 +10,10 @@ open loop at ``--open-fraction`` of the gateway's maximum gives ack, end-to-end 
 (end-to-end minus the run's ``model_seconds``). ``--profile`` instead runs the gateway under pyinstrument
 (or ``--profiler cprofile``) and writes the profile to ``bench/results/``.
 
-    python -m bench.bench_webhook [--latencies 0,0.2] [--duration 10] [--profile [--profiler cprofile]]
+With ``--rounds N`` the targets are measured N times in alternation; the tables show medians, and a ratio
+is the median of the ratios within each round (the shared VM's speed drifts by ±20% over minutes).
+
+    python -m bench.bench_webhook [--latencies 0,0.2] [--duration 10] [--rounds 3] [--profile [--profiler cprofile]]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import aiohttp
@@ -40,7 +44,6 @@ from bench.common import (
     latency_ms,
     open_loop,
     print_table,
-    ratio,
     save_results,
     webhook_responder,
     write_gateway_config,
@@ -114,7 +117,7 @@ async def _one_latency(latency: float, args: argparse.Namespace, tmp: Path) -> l
         try:
             async with aiohttp.ClientSession(connector=connector) as session:
                 open_rate: float | None = args.open_rate
-                for target in args.targets:
+                for round_no, target in ((r, t) for r in range(args.rounds) for t in args.targets):
                     assert model.base_url is not None
                     service = _service(target, tmp / f"{target}-{int(latency * 1000)}ms", model.base_url, sink.url,
                                        stream=args.stream)
@@ -127,39 +130,70 @@ async def _one_latency(latency: float, args: argparse.Namespace, tmp: Path) -> l
                         sink.reset()
                     if args.open_rate is None and (target == "gateway" or open_rate is None):
                         open_rate = args.open_fraction * row["runs_per_s"]
-                    rows.append({"model_latency_ms": latency * 1000, **row})
-                    print(f"  {target:<13} model {latency * 1000:>4.0f} ms: {row['runs_per_s']:7.1f} runs/s, "
+                    rows.append({"model_latency_ms": latency * 1000, "round": round_no, **row})
+                    print(f"  round {round_no + 1} {target:<13} model {latency * 1000:>4.0f} ms: "
+                          f"{row['runs_per_s']:7.1f} runs/s, "
                           f"{row['cpu_ms_per_run']:6.2f} ms CPU/run ({row['errors']} errors)", flush=True)
         finally:
             await sink.stop()
     return rows
 
 
+def _median_row(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One target's rounds as one row: the median of each figure, errors summed."""
+    row = {key: median(r[key] for r in rounds)
+           for key in ("runs_per_s", "cpu_ms_per_run", "service_cpu_pct", "harness_cpu_pct")}
+    row["errors"] = sum(r["errors"] for r in rounds)
+    opens = [r["open"] for r in rounds if "open" in r]
+    if opens:
+        row["open"] = {"offered_rate": median(o["offered_rate"] for o in opens),
+                       "errors": sum(o["errors"] for o in opens),
+                       **{kind: {q: median(o[kind][q] for o in opens) for q in ("p50_ms", "p99_ms")}
+                          for kind in ("ack", "e2e", "added")}}
+    return row
+
+
+def _paired(rows: list[dict[str, Any]], floor: list[dict[str, Any]], key: str) -> list[float]:
+    """``key`` of each round of ``rows`` over the same round of ``floor`` (measured minutes apart at most)."""
+    floors = {r["round"]: r[key] for r in floor}
+    return [r[key] / floors[r["round"]] for r in rows if floors.get(r["round"])]
+
+
 def _report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Print the tables: per target the median over rounds, ratios as the median of same-round ratios."""
     ratios: dict[str, Any] = {}
-    table, lat_table = [], []
+    table, lat_table, rounds_notes = [], [], []
     for latency in sorted({r["model_latency_ms"] for r in rows}):
-        group = {r["target"]: r for r in rows if r["model_latency_ms"] == latency}
-        floors = {name: group.get(name) for name in ("relay-openai", "relay-raw")}
-        for name, row in group.items():
-            cpu, rps = row["cpu_ms_per_run"], row["runs_per_s"]
-            by_floor = {f: (ratio(cpu, fl["cpu_ms_per_run"]), ratio(rps, fl["runs_per_s"])) if fl else ("-", "-")
-                        for f, fl in floors.items()}
-            table.append([name, f"{latency:.0f}", rps, cpu, *by_floor["relay-openai"], *by_floor["relay-raw"],
-                          f"{row['service_cpu_pct']:.0f}/{row['harness_cpu_pct']:.0f}", row["errors"]])
+        group = {t: [r for r in rows if r["model_latency_ms"] == latency and r["target"] == t]
+                 for t in dict.fromkeys(r["target"] for r in rows if r["model_latency_ms"] == latency)}
+        floors = {name: group.get(name, []) for name in ("relay-openai", "relay-raw")}
+        for name, measured in group.items():
+            row = _median_row(measured)
+            paired = {f: (_paired(measured, fl, "cpu_ms_per_run"), _paired(measured, fl, "runs_per_s"))
+                      for f, fl in floors.items()}
+            cells = {f: [f"{median(values):.2f}x" if values else "-" for values in pair] for f, pair in paired.items()}
+            table.append([name, f"{latency:.0f}", row["runs_per_s"], row["cpu_ms_per_run"], *cells["relay-openai"],
+                          *cells["relay-raw"], f"{row['service_cpu_pct']:.0f}/{row['harness_cpu_pct']:.0f}",
+                          row["errors"]])
             if "open" in row:
                 o = row["open"]
                 lat_table.append([name, f"{latency:.0f}", o["offered_rate"], o["ack"]["p50_ms"], o["ack"]["p99_ms"],
                                   o["e2e"]["p50_ms"], o["e2e"]["p99_ms"], o["added"]["p50_ms"], o["added"]["p99_ms"],
                                   o["errors"]])
             if name == "gateway":
-                ratios[f"{latency:.0f}ms"] = {f"cpu_vs_{f}": by_floor[f][0] for f in floors} | {
-                    f"runs_per_s_vs_{f}": by_floor[f][1] for f in floors}
-    print_table("Closed loop: throughput and CPU per run (ratios: ours / floor)",
-                ["target", "model ms", "runs/s", "CPU ms/run", "CPU/openai", "rps/openai", "CPU/raw", "rps/raw",
-                 "CPU% svc/harness", "errors"], table)
+                ratios[f"{latency:.0f}ms"] = {f"cpu_vs_{f}": pair[0] for f, pair in paired.items()} | {
+                    f"runs_per_s_vs_{f}": pair[1] for f, pair in paired.items()}
+                if len(measured) > 1 and paired["relay-openai"][0]:
+                    rounds_notes.append(f"  {latency:.0f} ms model, gateway CPU/openai by round: "
+                                        + " ".join(f"{v:.2f}x" for v in paired["relay-openai"][0]))
+    title = "Closed loop: throughput and CPU per run (ratios: ours / floor"
+    title += ", medians over rounds; a ratio is the median of same-round ratios)" if rounds_notes else ")"
+    print_table(title, ["target", "model ms", "runs/s", "CPU ms/run", "CPU/openai", "rps/openai", "CPU/raw",
+                        "rps/raw", "CPU% svc/harness", "errors"], table)
     print("  CPU% = share of one core used by the process under test / by this benchmark process (load generator,\n"
           "  scripted model and sink); near 100 the harness, not the target, limits runs/s.")
+    for note in rounds_notes:
+        print(note)
     if lat_table:
         print_table("Open loop at a fixed rate (same offered rate for every target); latencies in ms",
                     ["target", "model ms", "rate/s", "ack p50", "ack p99", "e2e p50", "e2e p99", "added p50",
@@ -257,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--latencies", default="0,0.2", help="model latencies in seconds, comma-separated")
     parser.add_argument("--targets", default=",".join(TARGETS), help=f"subset of {','.join(TARGETS)}")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure the targets this many times, alternating (the machine's speed drifts)")
     parser.add_argument("--concurrency", type=int, default=50, help="closed-loop workers")
     parser.add_argument("--duration", type=float, default=10.0, help="closed-loop seconds per target")
     parser.add_argument("--open-duration", type=float, default=5.0, help="open-loop seconds per target (0: skip)")
@@ -282,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
         for latency in (float(x) for x in args.latencies.split(",")):
             rows += asyncio.run(_one_latency(latency, args, Path(tmp)))
     ratios = _report(rows)
-    save_results("webhook", {"concurrency": args.concurrency, "duration_s": args.duration,
+    save_results("webhook", {"concurrency": args.concurrency, "duration_s": args.duration, "rounds": args.rounds,
                              "open_fraction": args.open_fraction, "gateway_stream": args.stream,
                              "ratios": ratios, "rows": rows})
 
