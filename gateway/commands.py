@@ -1,12 +1,13 @@
 """Slash commands, identical on every platform.
 
 A command is recognised only when it is known; anything else starting with ``/``
-goes to the agent as ordinary text. ``/cmd@botname`` is accepted for this bot and
-ignored for another bot.
+goes to the agent as ordinary text. ``/cmd@botname`` is accepted for this bot; a
+``/cmd@otherbot`` addressed to another bot is dropped by the router (``for_another_bot``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -188,6 +189,16 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     "reload_mcp": ("same as /reload-mcp", _reload_mcp),
 }
 ALIASES = frozenset({"reset", "reload_mcp"})
+
+
+_OTHER_BOT_COMMAND = re.compile(r"/[A-Za-z0-9_]{1,32}@([A-Za-z][A-Za-z0-9_]{2,31}[Bb][Oo][Tt])(?:\s|$)")
+
+
+def for_another_bot(text: str, bot_username: str | None) -> bool:
+    """Whether ``text`` is a ``/command@somebot`` addressed to a bot other than ``bot_username`` (in a group
+    where several bots listen): such a message is for that bot, not for this one's agent."""
+    match = _OTHER_BOT_COMMAND.match(text)
+    return match is not None and match.group(1).lower() != (bot_username or "").lower().lstrip("@")
 
 
 def parse_command(text: str, bot_username: str | None = None) -> ParsedCommand | None:

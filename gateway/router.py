@@ -20,7 +20,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from gateway.auth import SIGNED_PLATFORMS, Authorizer, Decision
-from gateway.commands import CommandContext, CronControl, McpControl, parse_command, run_command
+from gateway.commands import CommandContext, CronControl, McpControl, for_another_bot, parse_command, run_command
 from gateway.config import Config
 from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.limits import InboundLimiter
@@ -124,6 +124,9 @@ class Router:
         """
         if self.closing:
             raise GatewayClosing("the gateway is shutting down; deliver this event again later")
+        if event.platform not in SIGNED_PLATFORMS and for_another_bot(event.text, self._bot_username(event.platform)):
+            self.metrics.events.labels(event.platform, "other_bot").inc()
+            return None
         decision = await self.auth.check(event)
         if decision is not Decision.ALLOW:
             self.metrics.events.labels(event.platform, "unauthorized").inc()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.commands import ALIASES, COMMANDS, ParsedCommand, parse_command
+from gateway.commands import ALIASES, COMMANDS, ParsedCommand, for_another_bot, parse_command
 from tests.conftest import GatewayFactory, Harness
 
 
@@ -30,6 +30,20 @@ from tests.conftest import GatewayFactory, Harness
 ])
 def test_parse_command(text: str, bot: str | None, expected: ParsedCommand | None) -> None:
     assert parse_command(text, bot) == expected
+
+
+@pytest.mark.parametrize(("text", "bot", "expected"), [
+    ("/new@otherbot", "hermes_bot", True),
+    ("/frobnicate@Other_Bot please", "hermes_bot", True),
+    ("/new@otherbot", None, True),
+    ("/new@hermes_bot", "@Hermes_Bot", False),
+    ("/new", "hermes_bot", False),
+    ("/etc@host is a path", "hermes_bot", False),  # not a bot username (bot usernames end in "bot")
+    ("ask /new@otherbot", "hermes_bot", False),
+    ("/new@otherbotx", "hermes_bot", False),
+])
+def test_for_another_bot(text: str, bot: str | None, expected: bool) -> None:
+    assert for_another_bot(text, bot) is expected
 
 
 async def _reply(h: Harness, text: str, **kwargs: str) -> str:

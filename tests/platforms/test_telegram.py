@@ -204,10 +204,15 @@ async def test_group_answers_mentions_replies_and_commands_only(world: World) ->
 
 
 async def test_group_trigger_always_answers_every_message(world: World) -> None:
-    await world.start({"group_trigger": "always"})
+    gateway = await world.start({"group_trigger": "always"})
+    world.sim.user_sends("/new@other_bot", chat_type="group")  # for another bot in the group: dropped
     world.sim.user_sends("no mention at all", chat_type="group")
     [reply] = await world.sim.wait_for_messages(1, DEFAULT_GROUP_ID)
     assert reply.text == "Echo: no mention at all"
+    await _quiet()
+    assert len(world.sim.sent_messages(DEFAULT_GROUP_ID)) == 1 and len(world.model.requests) == 1
+    assert gateway.store is not None and await gateway.store.count_inbox() == 1
+    assert not world.sim.pending_updates  # confirmed all the same
 
 
 async def test_forum_topics_keep_separate_sessions(world: World) -> None:
