@@ -18,7 +18,11 @@ window and otherwise the top bucket's bound (shown as ``<=``). Controls in the s
 (``--idle-seconds``, no traffic), webhooks alone, and the no-op storm (the gateway's own work for that
 many runs).
 
-    python -m bench.bench_loop_lag [--calls 200] [--sleep 1.0] [--cpu-ms 20] [--webhook-rate 20]
+``--trace-iterations`` also loads ``bench/loop_trace/sitecustomize.py`` into the gateway and prints, per
+window, its event-loop iterations whose callbacks ran over 5 ms: how many, how long, and how many callbacks
+each ran (one slow callback, or hundreds of short ones).
+
+    python -m bench.bench_loop_lag [--calls 200] [--sleep 1.0] [--cpu-ms 20] [--webhook-rate 20] [--trace-iterations]
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from bench.loop_lag_tools import TOOLS
 from gateway.sim.model_server import ScriptedModel
 
 KINDS = ("blocking", "async", "cpu")
+TRACER_DIR = Path(__file__).with_name("loop_trace")
 LAG = "hermes_event_loop_lag_histogram_seconds"
 LAG_MAX = "hermes_event_loop_lag_max_seconds"
 
@@ -106,6 +111,19 @@ async def _read_lag(http: aiohttp.ClientSession, service: ServiceProcess) -> Lag
         return LagReading(await resp.text())
 
 
+def _long_iterations(trace: Path | None, since: float, until: float) -> dict[str, Any] | None:
+    """Summary of the traced iterations over 5 ms that ended between ``since`` and ``until`` (epoch seconds)."""
+    if trace is None:
+        return None
+    lines = trace.read_text().splitlines() if trace.exists() else []
+    rows = [r for r in map(json.loads, lines) if since <= r["t"] <= until]
+    walls = sorted(r["wall_ms"] for r in rows)
+    callbacks = sorted(r["callbacks"] for r in rows)
+    return {"over_5ms": len(rows), "over_10ms": sum(w > 10 for w in walls), "max_ms": walls[-1] if walls else 0.0,
+            "busy_ms": round(sum(walls), 1), "callbacks_p50": callbacks[len(callbacks) // 2] if rows else 0,
+            "callbacks_max": callbacks[-1] if rows else 0}
+
+
 def _webhooks_in_thread(base_url: str, rate: float, seconds: float) -> LoadResult[WebhookRun]:
     """Signed webhooks at ``rate`` per second for ``seconds``, from this thread's own event loop."""
     async def send() -> LoadResult[WebhookRun]:
@@ -116,11 +134,11 @@ def _webhooks_in_thread(base_url: str, rate: float, seconds: float) -> LoadResul
 
 async def _window(name: str, service: ServiceProcess, http: aiohttp.ClientSession, sim: BenchTelegram,
                   args: argparse.Namespace, kinds: Sequence[str] = (), webhooks: bool = True,
-                  first_user: int = 0) -> dict[str, Any]:
+                  first_user: int = 0, trace: Path | None = None) -> dict[str, Any]:
     """One measured window: a storm of ``kinds`` (none: no chat traffic), webhooks meanwhile or not; with
     neither, ``--idle-seconds`` of nothing."""
     before, cpu_before = await _read_lag(http, service), service.cpu_seconds()
-    started = time.perf_counter()
+    started, wall_started = time.perf_counter(), time.time()
     hooks = (asyncio.ensure_future(asyncio.to_thread(_webhooks_in_thread, service.base_url, args.webhook_rate,
                                                      args.webhook_seconds)) if webhooks else None)
     directives = {k: f'[[tool:{TOOLS[k]} {json.dumps({"seconds": args.sleep, "ms": args.cpu_ms})}]]' for k in kinds}
@@ -135,7 +153,8 @@ async def _window(name: str, service: ServiceProcess, http: aiohttp.ClientSessio
     return {"storm": name, "calls": len(outcomes), "seconds": elapsed, "gateway_cpu_s": cpu,
             "errors": len(failures) + len(acks.errors),
             "error_samples": [f"{type(f).__name__}: {f}" for f in failures[:2]] + acks.errors[:2],
-            "lag": after.since(before), "webhook_ack": latency_ms([r.ack_seconds for r in acks.results])}
+            "lag": after.since(before), "webhook_ack": latency_ms([r.ack_seconds for r in acks.results]),
+            "long_iterations": _long_iterations(trace, wall_started, time.time())}
 
 
 async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
@@ -152,7 +171,10 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             "gateway": {"tool_threads": args.tool_threads},
             "plugins": {"dir": str(plugins), "entry_points": False},
             "toolsets": {"telegram": "plugin-bench"}})
-        service = ServiceProcess("gateway", gateway_argv(config), home / "stderr.log")
+        trace = home / "iterations.jsonl" if args.trace_iterations else None
+        env = ({"PYTHONPATH": os.pathsep.join([str(TRACER_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                "HERMES_BENCH_LOOP_TRACE": str(trace)} if trace else {})
+        service = ServiceProcess("gateway", gateway_argv(config), home / "stderr.log", env)
         try:
             await service.start()
             await asyncio.sleep(args.settle)
@@ -163,7 +185,7 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 for i, kinds in enumerate(storms):
                     name = "+".join(kinds) or ("webhooks only" if i else "idle")
                     row = await _window(name, service, http, sim, args, kinds, webhooks=webhooks and i > 0,
-                                        first_user=(i + 1) * 100_000)
+                                        first_user=(i + 1) * 100_000, trace=trace)
                     rows.append(row)
                     sim.forget()
                     model.requests.clear()
@@ -192,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle-seconds", type=float, default=3.0, help="length of the idle control window")
     parser.add_argument("--settle", type=float, default=2.0, help="quiet seconds before each window")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one answer")
+    parser.add_argument("--trace-iterations", action="store_true",
+                        help="trace the gateway's loop iterations over 5 ms (bench/loop_trace; adds overhead)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     load_before = os.getloadavg()
@@ -205,6 +229,12 @@ def main(argv: list[str] | None = None) -> None:
                 [[r["storm"], r["seconds"], r["lag"]["p50_ms"], r["lag"]["p99_ms"],
                   r["lag"]["max_ms"] if r["lag"]["max_exact"] else f"<={r['lag']['max_ms']:.4g}",
                   r["webhook_ack"]["p50_ms"], r["webhook_ack"]["p99_ms"], r["errors"]] for r in rows])
+    if args.trace_iterations:
+        print_table("Loop iterations whose callbacks ran over 5 ms (traced; ms)",
+                    ["storm", "over 5 ms", "over 10 ms", "longest", "in them", "callbacks p50", "callbacks max"],
+                    [[r["storm"], *(r["long_iterations"][k] for k in ("over_5ms", "over_10ms", "max_ms", "busy_ms",
+                                                                      "callbacks_p50", "callbacks_max"))]
+                     for r in rows])
     print(f"  load average (1/5/15 min) before {' '.join(f'{v:.2f}' for v in load_before)}, "
           f"after {' '.join(f'{v:.2f}' for v in out['load_average']['after'])}")
     for problem in out["gateway_log_problems"]:

@@ -168,10 +168,11 @@ async def scratch_database(admin_url: str, prefix: str) -> AsyncIterator[str]:
 class ServiceProcess:
     """A server subprocess (the gateway or a floor relay) that prints ``listening on http://HOST:PORT``."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.env = dict(env or {})
         self.port = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -200,7 +201,7 @@ class ServiceProcess:
         with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
             self._proc = await asyncio.create_subprocess_exec(
                 *self.argv, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         assert self._proc.stdout is not None
         try:
             async with asyncio.timeout(timeout):
