@@ -69,7 +69,8 @@ class CommandHost(Protocol):
         """Start a fresh conversation for the session."""
 
     async def stop_session(self, session_key: str) -> bool:
-        """Cancel the session's running run (on whichever replica runs it); whether one was running."""
+        """Cancel the session's running run (on whichever replica runs it), or its accepted run that has not
+        started yet; whether there was one."""
 
     def session_status(self, session_key: str) -> dict[str, object]:
         """Model, queue depth, busy flag and uptime for ``/status``."""

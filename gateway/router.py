@@ -29,7 +29,7 @@ from gateway.outbox import OutboxSender
 from gateway.pairing import PairingStore, format_code, notify_approved
 from gateway.runs import RunExecutor, RunJob, Target
 from gateway.session import SessionLanes, session_key
-from gateway.store import InboxRow, NewRun, OutboxPart, Store
+from gateway.store import InboxRow, NewRun, OutboxPart, RunCompletion, Store
 from platforms.base import Accepted, BasePlatformAdapter, GatewayClosing, MessageEvent, SessionSource, split_message
 from toolsets import toolset_for_platform
 
@@ -350,8 +350,17 @@ class Router:
         await self.store.reset_session(session_key)
 
     async def stop_session(self, session_key: str) -> bool:
-        """``/stop``: cancel the session's running run, here or on the replica that runs it."""
-        return self._stop_here(session_key) or await self.coordinator.request_stop(f"session:{session_key}")
+        """``/stop``: cancel the session's running run, here or on the replica that runs it; or, when its
+        run was accepted but has not started yet, record that run as cancelled so it never starts."""
+        if self._stop_here(session_key) or await self.coordinator.request_stop(f"session:{session_key}"):
+            return True
+        row = await self.store.next_run_event(session_key)
+        if row is None or row.run_id is None:
+            return False
+        if self._stop_here(session_key):  # it started while the inbox was read
+            return True
+        stopped = RunCompletion(row.run_id, row.id, "cancelled", error="stopped by user", session_key=session_key)
+        return await self.store.finish_run(stopped) is not None
 
     def _stop_here(self, session_key: str) -> bool:
         run_id = self._running.get(session_key)

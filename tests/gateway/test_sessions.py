@@ -18,7 +18,7 @@ import pytest
 
 from gateway.session import SessionLanes, session_key
 from gateway.sim.model_server import last_user_text, rules, tool_call
-from platforms.base import SessionSource
+from platforms.base import MessageEvent, SessionSource
 from tests.conftest import WEBHOOK_SECRET, GatewayFactory, Harness
 from tools.registry import registry
 from toolsets import TOOLSETS, create_custom_toolset
@@ -266,6 +266,30 @@ async def test_stop_cancels_a_run_waiting_for_a_slot(make_gateway: GatewayFactor
     assert (await h.wait_run(waiting.run_id, timeout=2))["status"] == "cancelled"
     assert h.chat.final_texts() == ["Stopped the current run.", "re: busy-0"]
     assert len(h.model.requests) == 1
+
+
+async def test_stop_cancels_a_run_accepted_but_not_started_yet(make_gateway: GatewayFactory) -> None:
+    # A run accepted (here: by another replica, or just before a restart) that no one has started yet:
+    # /stop records it as cancelled, so it never reaches the model when a sweep later takes up the session.
+    probe = _Probe(delay=0.01)
+    h = await make_gateway(responder=probe)
+    router = h.gateway.router
+    assert router is not None and h.gateway.store is not None
+    event = MessageEvent(platform="telegram", event_id="queued-1", chat_id="300", chat_type="dm", user_id="1001",
+                         user_name="user1001", text="queued-0", message_id="m1")
+    run, payload = router._new_run(event, uuid.uuid4().hex)
+    key = session_key(SessionSource.from_event(event))
+    await h.gateway.store.accept(event.dedupe_key, "telegram", "chat", key, payload, run)
+    await h.chat.user_says("/stop", chat_id="300")
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 1)
+    assert h.chat.sent[0].text == "Stopped the current run."
+    assert (await h.wait_run(run.id, timeout=2))["status"] == "cancelled"
+    await router.sweep(time.time() + 1)  # what a replica's sweep would do with a waiting event
+    await asyncio.sleep(0.2)
+    assert h.model.requests == [] and len(h.chat.sent) == 1
+    await h.chat.user_says("/stop", chat_id="300")
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 2)
+    assert h.chat.sent[1].text == "Nothing is running."
 
 
 async def test_max_concurrent_runs_bounds_chat_runs(make_gateway: GatewayFactory) -> None:
