@@ -568,7 +568,7 @@ class Store:
                     "attempts": int(started), "created_at": now, "started_at": now if started else None})
             return Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
 
-        return await self.db.write(work, urgent=True)  # the platform waits for it
+        return await self.db.write(work, urgent=True, quick=True)  # the platform waits for it
 
     async def unfinished_inbox(self) -> list[InboxRow]:
         """Accepted events whose processing has not finished, oldest first."""
@@ -622,7 +622,7 @@ class Store:
             epoch = _session_epoch(conn, session, now)
             return RunContext(epoch, _history(conn, session.key, epoch, history_limit) if history_limit else [])
 
-        return await self.db.write(work)
+        return await self.db.write(work, quick=True)
 
     async def finish_run(self, done: RunCompletion, claim: Claim | None = None) -> list[OutboxRow] | None:
         """Record a run's end atomically: status, transcript, inbox state and deliveries (claimed for
@@ -644,7 +644,7 @@ class Store:
             _append_messages(conn, done.session_key, done.epoch, done.transcript, done.run_id, now)
             return _store_parts(conn, done.deliveries, now, claim, skip_existing=False)
 
-        return await self.db.write(work)
+        return await self.db.write(work, quick=True)
 
     async def get_run(self, run_id: str) -> RunRow | None:
         """One run, or None."""
@@ -701,7 +701,7 @@ class Store:
                 conn.execute(_INBOX_STATUS, {"b_id": inbox_id, "b_status": "done", "b_now": now})
             return _store_parts(conn, parts, now, claim, skip_existing=True) or None
 
-        return await self.db.write(work)
+        return await self.db.write(work, quick=True)
 
     async def pending_outbox(self, limit: int = 500) -> list[OutboxRow]:
         """Undelivered parts, oldest first."""
@@ -717,7 +717,7 @@ class Store:
         """
         now = time.time()
         params = {"b_id": outbox_id, "b_owner": owner, "b_now": now, "b_until": now + ttl}
-        row = await self.db.write(lambda conn: conn.execute(_OUTBOX_CLAIM, params).first())
+        row = await self.db.write(lambda conn: conn.execute(_OUTBOX_CLAIM, params).first(), quick=True)
         return _outbox_row(row) if row is not None else None
 
     async def expire_claims(self, live: set[str]) -> int:
@@ -735,7 +735,7 @@ class Store:
     async def mark_sent(self, outbox_id: int, platform_message_id: str | None) -> None:
         """Record a successful delivery."""
         params = {"b_id": outbox_id, "b_message_id": platform_message_id, "b_now": time.time()}
-        await self.db.write(lambda conn: conn.execute(_OUTBOX_SENT, params))
+        await self.db.write(lambda conn: conn.execute(_OUTBOX_SENT, params), quick=True)
 
     async def mark_retry(self, outbox_id: int, next_attempt_at: float, error: str) -> None:
         """Record a transient failure and when to try again."""

@@ -1,9 +1,12 @@
-"""The unit-of-work runner: SQLite group commit, error isolation inside a batch, cancellation, close."""
+"""The unit-of-work runner: SQLite group commit, inline quick units, checkpoints, error isolation inside a batch,
+cancellation, close."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -163,3 +166,73 @@ async def test_a_database_that_cannot_be_opened_fails_each_caller_instead_of_han
                 await asyncio.wait_for(db.read(lambda conn: conn.execute(sa.select(1)).scalar()), 5)
     finally:
         await db.close()
+
+
+def _ran_on(where: list[str], item_id: int) -> object:
+    def work(conn: Connection) -> int:
+        where.append(threading.current_thread().name)
+        return conn.execute(_items.insert().values(id=item_id, v="x")).rowcount
+    return work
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_sqlite_runs_quick_work_inline_when_idle_and_queues_it_behind_a_running_transaction(
+        db: Database) -> None:
+    where: list[str] = []
+    assert await db.write(_ran_on(where, 1), quick=True) == 1
+    assert where == [threading.current_thread().name], "an idle store commits quick work on the caller's thread"
+
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(db.write(lambda conn: gate.wait(5)))
+    await asyncio.sleep(0.05)  # the store's thread holds the connection
+    queued = asyncio.ensure_future(db.write(_ran_on(where, 2), quick=True))
+    await asyncio.sleep(0.05)
+    assert not queued.done(), "quick work never runs beside the thread's transaction"
+    gate.set()
+    await blocker
+    assert await queued == 1
+    assert where[1] == "hermes-db"
+    assert await _ids(db) == [1, 2]
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_sqlite_quick_work_never_waits_on_the_loop_for_another_process_write_lock(
+        store_url: str, db: Database) -> None:
+    await db.write(_insert(1))
+    holder = sqlite3.connect(store_url.split(":///", 1)[1], isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
+    where: list[str] = []
+    started = time.perf_counter()
+    write = asyncio.ensure_future(db.write(_ran_on(where, 2), quick=True))
+    await asyncio.sleep(0)
+    assert time.perf_counter() - started < 0.5, "the loop was held while the lock was busy"
+    await asyncio.sleep(0.3)
+    assert not write.done(), "the store's thread waits for the lock (busy timeout), not the loop"
+    holder.execute("COMMIT")
+    holder.close()
+    assert await asyncio.wait_for(write, 5) == 1
+    assert where == ["hermes-db"]
+    assert await _ids(db) == [1, 2]
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_sqlite_checkpoints_only_on_its_own_thread(db: Database) -> None:
+    assert isinstance(db, SqliteDatabase)
+    checkpoints: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if "wal_checkpoint" in statement:
+            checkpoints.append(threading.current_thread().name)
+
+    sa.event.listen(db.engine, "before_cursor_execute", seen)
+    assert await db.read(lambda conn: conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar()) == 0, \
+        "a commit never checkpoints by itself (it could be on the event loop)"
+    for i in range(20):
+        await db.write(_insert(i), quick=True)
+    assert checkpoints == []
+    for _ in range(60):  # the store's thread checkpoints what was committed within about a second
+        if checkpoints:
+            break
+        await asyncio.sleep(0.05)
+    assert checkpoints == ["hermes-db"]
+    assert len(await _ids(db)) == 20
