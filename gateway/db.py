@@ -14,7 +14,11 @@ The store's methods are written once as ``work(conn) -> result`` over a synchron
   commit in WAL mode with ``synchronous=NORMAL`` writes to the log without an fsync (~15 µs here),
   while waking the store's thread and then the caller's loop costs ~0.4 ms of latency and CPU. The
   inline attempt never waits: a busy connection or another process's write lock sends the unit to
-  the thread as before. The fsyncs happen in checkpoints, which only the store's thread runs.
+  the thread as before. It is for quiet moments only: at most one inline unit per 5 ms (a burst of 200
+  accepts in one loop iteration would hold the loop for all of them, where the thread commits them in
+  a few batches), and none for a second after one took over 2 ms (busy threads contending for the
+  GIL, which every SQLite call releases and the loop then waits for). The fsyncs happen in
+  checkpoints, which only the store's thread runs.
 - **PostgreSQL**: asyncpg through ``AsyncConnection.run_sync``: no thread hand-offs; concurrent
   work runs on pooled connections.
 """
@@ -45,6 +49,9 @@ Work = Callable[[Connection], T]
 MAX_BATCH = 64  # work items per SQLite transaction
 CHECKPOINT_EVERY = 1.0  # seconds: the store's thread copies the SQLite log into the database at most this often
 BUSY_TIMEOUT_MS = 10_000  # how long the store's thread waits for another process's write lock
+INLINE_SPACING = 0.005  # seconds: at most one inline unit this often; a burst goes to the thread, batched
+INLINE_SLOW = 0.002  # an inline unit that took longer (the GIL contended by busy threads, a slow disk) ...
+INLINE_BACKOFF = 1.0  # ... sends quick units to the thread for this long
 
 
 def normalize_url(url: str) -> str:
@@ -133,17 +140,22 @@ class SqliteDatabase(Database):
         self._conn: Connection | None = None
         self._conn_lock = threading.Lock()  # held by whoever uses the connection: the thread or an inline unit
         self._waits_for_locks = True  # the connection's busy timeout: BUSY_TIMEOUT_MS (thread) or 0 (inline)
+        self._inline_after = 0.0  # monotonic time before which quick units go to the thread
         self._uncheckpointed = 0  # commits since the last checkpoint
         self._checkpointed_at = time.monotonic()
         self._thread = threading.Thread(target=self._serve, name="hermes-db", daemon=True)
         self._thread.start()
 
     async def write(self, work: Work[T], *, urgent: bool = False, quick: bool = False) -> T:
-        if quick and self._queue.empty() and not self._closed and self._conn_lock.acquire(blocking=False):
+        started = time.monotonic()
+        if (quick and started >= self._inline_after and self._queue.empty() and not self._closed
+                and self._conn_lock.acquire(blocking=False)):
             try:
                 ran, result = self._inline(work)
             finally:
                 self._conn_lock.release()
+            took = time.monotonic() - started
+            self._inline_after = started + (INLINE_BACKOFF if took > INLINE_SLOW else INLINE_SPACING)
             if ran:
                 return result
         return await self._submit(work, True, urgent)

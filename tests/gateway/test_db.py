@@ -236,3 +236,28 @@ async def test_sqlite_checkpoints_only_on_its_own_thread(db: Database) -> None:
         await asyncio.sleep(0.05)
     assert checkpoints == ["hermes-db"]
     assert len(await _ids(db)) == 20
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_sqlite_sends_a_burst_of_quick_work_and_work_after_a_slow_inline_unit_to_its_thread(
+        db: Database) -> None:
+    assert isinstance(db, SqliteDatabase)
+    here = threading.current_thread().name
+    where: list[str] = []
+    assert await asyncio.gather(*(db.write(_ran_on(where, i), quick=True) for i in range(50))) == [1] * 50
+    assert where[0] == here
+    assert where.count("hermes-db") >= 45, "a burst is committed by the thread in batches, not on the loop"
+
+    await asyncio.sleep(0.05)
+    where.clear()
+
+    def slow(conn: Connection) -> int:
+        where.append(threading.current_thread().name)
+        time.sleep(0.005)  # as when busy threads hold the GIL the loop needs back after each SQLite call
+        return conn.execute(_items.insert().values(id=100, v="slow")).rowcount
+
+    assert await db.write(slow, quick=True) == 1
+    await asyncio.sleep(0.05)  # well past the spacing between inline units, within the back-off
+    assert await db.write(_ran_on(where, 101), quick=True) == 1
+    assert where == [here, "hermes-db"]
+    assert len(await _ids(db)) == 52
