@@ -29,7 +29,7 @@ from gateway.outbox import OutboxSender
 from gateway.pairing import PairingStore, format_code, notify_approved
 from gateway.runs import RunExecutor, RunJob, Target
 from gateway.session import SessionLanes, session_key
-from gateway.store import InboxRow, NewRun, OutboxPart, RunCompletion, Store
+from gateway.store import InboxRow, NewRun, OutboxPart, Store
 from platforms.base import Accepted, BasePlatformAdapter, GatewayClosing, MessageEvent, SessionSource, split_message
 from toolsets import toolset_for_platform
 
@@ -359,8 +359,7 @@ class Router:
             return False
         if self._stop_here(session_key):  # it started while the inbox was read
             return True
-        stopped = RunCompletion(row.run_id, row.id, "cancelled", error="stopped by user", session_key=session_key)
-        return await self.store.finish_run(stopped) is not None
+        return await self.executor.cancel_unstarted(row.run_id, row.id, session_key, row.kind)
 
     def _stop_here(self, session_key: str) -> bool:
         run_id = self._running.get(session_key)

@@ -209,10 +209,18 @@ class RunExecutor:
         except asyncio.CancelledError:
             if job.run_id not in self._stop_requested:
                 raise  # shutdown: the run stays unfinished and resumes on the next start
-            await self.store.finish_run(RunCompletion(job.run_id, job.inbox_id, "cancelled", error="stopped by user",
-                                                      session_key=job.session_key))
+            await self.cancel_unstarted(job.run_id, job.inbox_id, job.session_key, job.kind)
         finally:
             self._stop_requested.discard(job.run_id)
+
+    async def cancel_unstarted(self, run_id: str, inbox_id: int | None, session_key: str, kind: str) -> bool:
+        """Record a run stopped by the user before it started as cancelled (and count it); False when it had
+        already finished."""
+        stopped = RunCompletion(run_id, inbox_id, "cancelled", error="stopped by user", session_key=session_key)
+        if await self.store.finish_run(stopped) is None:
+            return False
+        self.metrics.runs.labels(kind, "cancelled").inc()
+        return True
 
     def _messages(self, job: RunJob, context: RunContext) -> list[dict[str, Any]]:
         system = self.agent.system_prompt + ("\n\n" + WEBHOOK_SYSTEM_NOTE if job.kind == "webhook" else "")

@@ -266,6 +266,8 @@ async def test_stop_cancels_a_run_waiting_for_a_slot(make_gateway: GatewayFactor
     assert (await h.wait_run(waiting.run_id, timeout=2))["status"] == "cancelled"
     assert h.chat.final_texts() == ["Stopped the current run.", "re: busy-0"]
     assert len(h.model.requests) == 1
+    async with h.http.get(f"{h.base_url}/metrics") as r:
+        assert 'hermes_runs_total{kind="chat",status="cancelled"} 1.0' in await r.text()
 
 
 async def test_stop_cancels_a_run_accepted_but_not_started_yet(make_gateway: GatewayFactory) -> None:
@@ -287,6 +289,8 @@ async def test_stop_cancels_a_run_accepted_but_not_started_yet(make_gateway: Gat
     await router.sweep(time.time() + 1)  # what a replica's sweep would do with a waiting event
     await asyncio.sleep(0.2)
     assert h.model.requests == [] and len(h.chat.sent) == 1
+    async with h.http.get(f"{h.base_url}/metrics") as r:
+        assert 'hermes_runs_total{kind="chat",status="cancelled"} 1.0' in await r.text()
     await h.chat.user_says("/stop", chat_id="300")
     await h.chat.wait_for(lambda: len(h.chat.sent) == 2)
     assert h.chat.sent[1].text == "Nothing is running."
