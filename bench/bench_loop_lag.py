@@ -115,7 +115,7 @@ async def _read_lag(http: aiohttp.ClientSession, service: ServiceProcess) -> Lag
 def _long_iterations(traced: Sequence[dict[str, Any]], since: float, until: float) -> dict[str, Any]:
     """Summary of the main loop's traced iterations over 5 ms that ended between ``since`` and ``until`` (epoch
     seconds); iterations of other threads' loops (the async tools' bridge loops) are left out."""
-    rows = [r for r in traced if since <= r["t"] <= until and r.get("thread", "MainThread") == "MainThread"]
+    rows = [r for r in traced if since <= r["t"] <= until and r["thread"] == "MainThread"]
     walls = [r["wall_ms"] for r in rows]
     callbacks = [r["callbacks"] for r in rows]
     return {"over_5ms": len(rows), "over_10ms": sum(w > 10 for w in walls), "max_ms": max(walls, default=0.0),

@@ -114,7 +114,7 @@ def _settle(outcomes: list[tuple[_Item, Any, BaseException | None]]) -> None:
 
 
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
-    # isolation_level None: the driver emits no BEGIN of its own; _SqliteWorker begins explicitly.
+    # isolation_level None: the driver emits no BEGIN of its own; SqliteDatabase begins explicitly.
     dbapi_conn.isolation_level = None
     # No automatic checkpoints: a commit that crossed the threshold would run one (with its fsync) on
     # whichever thread committed, possibly the event loop's; SqliteDatabase checkpoints on its own thread.
@@ -281,7 +281,7 @@ class SqliteDatabase(Database):
                             outcomes += self._transaction(conn, [item])
                         except Exception as one_exc:
                             outcomes.append((item, None, one_exc))
-            self._uncheckpointed += 1
+            self._uncheckpointed += any(item.write for item in batch)
         self._settle_all(outcomes)
 
     @staticmethod
