@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+from typing import Any
 
 import pytest
+from aiohttp import web
 
-from gateway.agent import build_client
+import model_tools
+from gateway.agent import build_client, post_chat_completion
 from gateway.config import ModelSettings
 from gateway.sim.model_server import ScriptedModel, rules, tool_call
+from tools.registry import registry
 
 
 async def test_webhook_run_does_not_stream_even_when_streaming_is_on(make_gateway) -> None:
@@ -81,3 +86,58 @@ async def test_the_model_client_makes_as_many_calls_at_once_as_it_is_allowed(max
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             await client.close()
+
+
+def _without_ids(value: Any) -> Any:
+    """A response dump without what the scripted model numbers per response (ids, creation time)."""
+    if isinstance(value, dict):
+        return {k: _without_ids(v) for k, v in value.items() if k not in ("id", "created")}
+    return [_without_ids(v) for v in value] if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_model_requests_are_the_sdks_own_on_the_wire(stream: bool) -> None:
+    # The agent posts chat completions through the SDK client without the SDK's request transform
+    # (post_chat_completion): the bytes and headers must be what chat.completions.create sends.
+    seen: list[tuple[dict[str, str], bytes]] = []
+
+    @web.middleware
+    async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen.append(({"path": request.path_qs, **request.headers}, await request.read()))
+        return await handler(request)
+
+    model = ScriptedModel(rules((r"weather", tool_call("get_weather", {"city": "Oslo"}))), api_key="k")
+    model.app.middlewares.append(record)
+    registry.discover_builtin_tools()
+    body: dict[str, Any] = {
+        "model": "scripted-model", "temperature": 0.2, "max_tokens": 300,
+        "tools": model_tools.get_tool_definitions(["hermes-telegram"]),
+        "messages": [{"role": "system", "content": "Be brief. ✓"}, {"role": "user", "content": "weather?"},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "c1", "type": "function", "function": {"name": "todo", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": '{"ok": true}'},
+                     {"role": "user", "content": "and the weather in Oslo?"}]}
+    async with model:
+        assert model.base_url is not None
+        client = build_client(ModelSettings(base_url=model.base_url, api_key="k", max_retries=0))
+        try:
+            answers = []
+            for via_sdk in (True, False):
+                if stream:
+                    chunks = await (client.chat.completions.create(**body, stream=True,
+                                                                   stream_options={"include_usage": True})
+                                    if via_sdk else post_chat_completion(client, body, stream=True))
+                    async with chunks:
+                        answers.append([_without_ids(c.model_dump()) async for c in chunks])
+                else:
+                    answer = await (client.chat.completions.create(**body) if via_sdk
+                                    else post_chat_completion(client, body))
+                    answers.append(_without_ids(answer.model_dump()))
+        finally:
+            await client.close()
+    (sdk_headers, sdk_bytes), (our_headers, our_bytes) = seen
+    assert json.loads(our_bytes) == json.loads(sdk_bytes)  # the same JSON (the SDK orders the top-level keys)
+    assert json.loads(our_bytes)["tools"] == body["tools"] and bool(json.loads(our_bytes).get("stream")) is stream
+    assert our_headers == sdk_headers
+    assert answers[0] == answers[1]
+    assert "get_weather" in json.dumps(answers[1])
