@@ -1,9 +1,11 @@
-"""Webhook runs through the whole gateway, against two floors measured in the same invocation.
+"""Webhook runs through the whole gateway, against three floors measured in the same invocation.
 
 Path: signed POST -> HTTP ingress, signature check, durable inbox, 202 -> agent loop (the scripted model
 asks for one ``read_file`` call, then answers) -> outbox -> signed POST to a callback sink. The gateway
 runs as a subprocess (``python -m gateway run``) so its CPU time is its own; so do the floor relays
-(``bench/relay.py``: the same hops with only an inbox insert, via the openai SDK or raw aiohttp).
+(``bench/relay.py``: the same hops with only an inbox insert; the model called through the openai SDK's
+``chat.completions.create`` (``relay-openai``, the SDK floor), through the SDK client the way the gateway calls
+it (``relay-openai-post``), or with raw aiohttp (``relay-raw``)).
 
 Closed loop at ``--concurrency`` for ``--duration`` seconds gives runs/s and CPU ms per run; then an
 open loop at ``--open-fraction`` of the gateway's maximum gives ack, end-to-end and gateway-added latency
@@ -50,7 +52,8 @@ from bench.common import (
 )
 from gateway.sim.model_server import ScriptedModel
 
-TARGETS = ("gateway", "relay-openai", "relay-raw")
+FLOORS = {"relay-openai": "openai", "relay-openai-post": "post", "relay-raw": "raw"}  # target: column name
+TARGETS = ("gateway", *FLOORS)
 _WARMUP_SECONDS = 1.5
 
 
@@ -166,15 +169,15 @@ def _report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for latency in sorted({r["model_latency_ms"] for r in rows}):
         group = {t: [r for r in rows if r["model_latency_ms"] == latency and r["target"] == t]
                  for t in dict.fromkeys(r["target"] for r in rows if r["model_latency_ms"] == latency)}
-        floors = {name: group.get(name, []) for name in ("relay-openai", "relay-raw")}
+        floors = {name: group.get(name, []) for name in FLOORS}
         for name, measured in group.items():
             row = _median_row(measured)
             paired = {f: (_paired(measured, fl, "cpu_ms_per_run"), _paired(measured, fl, "runs_per_s"))
                       for f, fl in floors.items()}
             cells = {f: [f"{median(values):.2f}x" if values else "-" for values in pair] for f, pair in paired.items()}
-            table.append([name, f"{latency:.0f}", row["runs_per_s"], row["cpu_ms_per_run"], *cells["relay-openai"],
-                          *cells["relay-raw"], f"{row['service_cpu_pct']:.0f}/{row['harness_cpu_pct']:.0f}",
-                          row["errors"]])
+            table.append([name, f"{latency:.0f}", row["runs_per_s"], row["cpu_ms_per_run"],
+                          *(c for f in FLOORS for c in cells[f]),
+                          f"{row['service_cpu_pct']:.0f}/{row['harness_cpu_pct']:.0f}", row["errors"]])
             if "open" in row:
                 o = row["open"]
                 lat_table.append([name, f"{latency:.0f}", o["offered_rate"], o["ack"]["p50_ms"], o["ack"]["p99_ms"],
@@ -183,13 +186,14 @@ def _report(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if name == "gateway":
                 ratios[f"{latency:.0f}ms"] = {f"cpu_vs_{f}": pair[0] for f, pair in paired.items()} | {
                     f"runs_per_s_vs_{f}": pair[1] for f, pair in paired.items()}
-                if len(measured) > 1 and paired["relay-openai"][0]:
-                    rounds_notes.append(f"  {latency:.0f} ms model, gateway CPU/openai by round: "
-                                        + " ".join(f"{v:.2f}x" for v in paired["relay-openai"][0]))
+                rounds_notes += [f"  {latency:.0f} ms model, gateway CPU/{short} by round: "
+                                 + " ".join(f"{v:.2f}x" for v in paired[floor][0])
+                                 for floor, short in FLOORS.items() if len(measured) > 1 and paired[floor][0]]
     title = "Closed loop: throughput and CPU per run (ratios: ours / floor"
     title += ", medians over rounds; a ratio is the median of same-round ratios)" if rounds_notes else ")"
-    print_table(title, ["target", "model ms", "runs/s", "CPU ms/run", "CPU/openai", "rps/openai", "CPU/raw",
-                        "rps/raw", "CPU% svc/harness", "errors"], table)
+    print_table(title, ["target", "model ms", "runs/s", "CPU ms/run",
+                        *(f"{kind}/{short}" for short in FLOORS.values() for kind in ("CPU", "rps")),
+                        "CPU% svc/harness", "errors"], table)
     print("  CPU% = share of one core used by the process under test / by this benchmark process (load generator,\n"
           "  scripted model and sink); near 100 the harness, not the target, limits runs/s.")
     for note in rounds_notes:

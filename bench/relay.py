@@ -4,7 +4,10 @@ HMAC check, one inbox row in SQLite (WAL, synchronous=NORMAL), 202, then two mod
 final answer), the result stored, the answer POSTed to the sink. No dedupe beyond the unique key, no
 outbox, no retries. Run as a subprocess so its CPU is measured alone:
 
-    python -m bench.relay --client openai|raw --model-url URL --sink-url URL --db PATH
+    python -m bench.relay --client openai|openai-post|raw --model-url URL --sink-url URL --db PATH
+
+``openai`` calls the model through ``chat.completions.create`` (the SDK floor); ``openai-post`` through the
+same client the way the gateway does (``post_chat_completion``: without the SDK's request transform).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from aiohttp import web
 
 import model_tools
 from bench.common import BENCH_FILE, BENCH_TOOLSET, MODEL_KEY, WEBHOOK_SECRET
-from gateway.agent import DEFAULT_SYSTEM_PROMPT, build_client
+from gateway.agent import DEFAULT_SYSTEM_PROMPT, build_client, post_chat_completion
 from gateway.config import ModelSettings
 from gateway.runs import WEBHOOK_SYSTEM_NOTE
 from tools.registry import registry
@@ -45,7 +48,7 @@ class _Relay:
                         "payload TEXT, result TEXT)")
         self.http = aiohttp.ClientSession()
         self.openai = build_client(ModelSettings(base_url=model_url, api_key=MODEL_KEY, max_retries=0)) \
-            if client_kind == "openai" else None
+            if client_kind.startswith("openai") else None
         self.tasks: set[asyncio.Task[None]] = set()
         registry.discover_builtin_tools()  # the same tool definitions the gateway sends: same request size
         self.tools = model_tools.get_tool_definitions([BENCH_TOOLSET])
@@ -75,8 +78,9 @@ class _Relay:
 
     async def _complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         if self.openai is not None:
-            response = await self.openai.chat.completions.create(model="scripted-model", messages=messages,
-                                                                  tools=self.tools)
+            body = {"model": "scripted-model", "messages": messages, "tools": self.tools}
+            response = await (post_chat_completion(self.openai, body) if self.client_kind == "openai-post"
+                              else self.openai.chat.completions.create(**body))
             msg = response.choices[0].message
             calls = [{"id": c.id, "type": "function", "function": {"name": c.function.name,
                                                                    "arguments": c.function.arguments}}
@@ -132,8 +136,10 @@ async def _serve(args: argparse.Namespace) -> None:
 def main() -> None:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--client", choices=["openai", "raw"], required=True,
-                        help="openai: AsyncOpenAI on DefaultAioHttpClient (as the gateway); raw: plain aiohttp")
+    parser.add_argument("--client", choices=["openai", "openai-post", "raw"], required=True,
+                        help="openai: AsyncOpenAI on DefaultAioHttpClient (as the gateway) through "
+                             "chat.completions.create; openai-post: the same client called as the gateway does; "
+                             "raw: plain aiohttp")
     parser.add_argument("--model-url", required=True, help="the scripted model's base URL (.../v1)")
     parser.add_argument("--sink-url", required=True, help="where answers are POSTed")
     parser.add_argument("--db", required=True, help="SQLite file for the inbox")

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import model_tools
 from gateway.adapters import build_adapters, receives_on
-from gateway.agent import Agent, build_client
+from gateway.agent import Agent, build_client, load_sdk_modules
 from gateway.config import Config
 from gateway.coordination import Coordinator
 from gateway.cron import CronService, StoreCronBackend
@@ -120,6 +120,7 @@ class Gateway:
         install_tool_backends(self.store, asyncio.get_running_loop())
         runs = cfg.gateway.max_concurrent_runs + cfg.gateway.max_concurrent_webhook_runs
         self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time
+        await load_sdk_modules()
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
         agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics)
         self.adapters = {**build_adapters(cfg), **self._extra_adapters}

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import copy
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,3 +145,39 @@ async def test_model_requests_are_the_sdks_own_on_the_wire(stream: bool) -> None
     assert our_headers == sdk_headers
     assert answers[0] == answers[1]
     assert "get_weather" in json.dumps(answers[1])
+
+
+_FIRST_CALLS = """
+import asyncio, sys
+from gateway.agent import build_client, load_sdk_modules, post_chat_completion
+from gateway.config import ModelSettings
+from gateway.sim.model_server import ScriptedModel
+
+async def main():
+    async with ScriptedModel(api_key="k") as model:
+        client = build_client(ModelSettings(base_url=model.base_url, api_key="k", max_retries=0))
+        if sys.argv[1] == "preload":
+            await load_sdk_modules()
+        before = set(sys.modules)
+        body = {"model": "scripted-model", "messages": [{"role": "user", "content": "hi"}]}
+        await post_chat_completion(client, body)
+        async with await post_chat_completion(client, body, stream=True) as chunks:
+            async for _ in chunks:
+                pass
+        await client.close()
+        print(sorted(set(sys.modules) - before))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_the_first_model_calls_import_nothing_after_start(preload: bool) -> None:
+    # An import on the event loop stalls every chat: Gateway.start loads what the SDK would import lazily.
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALLS, "preload" if preload else "cold"], check=True,
+                         capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2]).stdout
+    imported = ast.literal_eval(out.strip().splitlines()[-1])
+    if preload:
+        assert imported == []
+    else:  # the control: without the preload the first streamed answer imports anyio's backend on the loop
+        assert "anyio._backends._asyncio" in imported
