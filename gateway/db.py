@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -116,11 +117,27 @@ def _settle(outcomes: list[tuple[_Item, Any, BaseException | None]]) -> None:
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     # isolation_level None: the driver emits no BEGIN of its own; SqliteDatabase begins explicitly.
     dbapi_conn.isolation_level = None
+    dbapi_conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    _use_wal(dbapi_conn)
     # No automatic checkpoints: a commit that crossed the threshold would run one (with its fsync) on
     # whichever thread committed, possibly the event loop's; SqliteDatabase checkpoints on its own thread.
-    for pragma in (f"busy_timeout={BUSY_TIMEOUT_MS}", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
-                   "wal_autocheckpoint=0"):
+    for pragma in ("synchronous=NORMAL", "foreign_keys=ON", "wal_autocheckpoint=0"):
         dbapi_conn.execute(f"PRAGMA {pragma}")
+
+
+def _use_wal(dbapi_conn: Any) -> None:
+    """Switch the database to WAL. Connections opening a new database file together race to switch it, and
+    the loser's ``PRAGMA journal_mode`` can fail at once ("database is locked") instead of waiting for the
+    busy timeout, so it is retried within that timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 class SqliteDatabase(Database):

@@ -102,7 +102,7 @@ def _without_ids(value: Any) -> Any:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_model_requests_are_the_sdks_own_on_the_wire(stream: bool) -> None:
     # The agent posts chat completions through the SDK client without the SDK's request transform
-    # (post_chat_completion): the bytes and headers must be what chat.completions.create sends.
+    # (post_chat_completion): the path, headers and JSON body must be what chat.completions.create sends.
     seen: list[tuple[dict[str, str], bytes]] = []
 
     @web.middleware
