@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tools.registry import registry, tool_error, tool_result
+from tools.registry import ISOLATION_PROCESS, registry, tool_error, tool_result
 
 MAX_CHOICES = 6
 MAX_CHOICE_CHARS = 100
@@ -72,5 +72,6 @@ registry.register(
         },
     },
     handler=_clarify,
+    isolation=ISOLATION_PROCESS,  # only formats a question for the user
     emoji="❓",
 )

@@ -22,7 +22,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from tools.registry import EFFECT_SCHEDULES, registry, tool_error, tool_result
+from tools.registry import EFFECT_SCHEDULES, ISOLATION_PROCESS, registry, tool_error, tool_result
 
 ScheduleKind = Literal["cron", "interval", "once"]
 NOTIFY_MODES = ("always", "on_change")
@@ -595,6 +595,7 @@ registry.register(
         },
     },
     handler=_cronjob,
+    isolation=ISOLATION_PROCESS,  # the gateway's own state
     effects=[EFFECT_SCHEDULES],
     emoji="⏰",
 )

@@ -45,7 +45,14 @@ from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.session import IncomingMessage, MessageHandlerFnT
 from mcp.client.streamable_http import streamable_http_client
 
-from tools.registry import EFFECT_WRITES_STATE, ToolRegistry, registry, sanitize_error_text, tool_error
+from tools.registry import (
+    EFFECT_WRITES_STATE,
+    ISOLATION_PROCESS,
+    ToolRegistry,
+    registry,
+    sanitize_error_text,
+    tool_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -447,7 +454,8 @@ class _Connection:
             name = self._name_for(tool.name, names)
             if name is not None and self._registry.register(
                     name, self.spec.toolset, _schema(tool, self.spec), functools.partial(self._handle, tool.name),
-                    check_fn=self._is_connected, effects=_effects(tool)):
+                    check_fn=self._is_connected, effects=_effects(tool),
+                    isolation=ISOLATION_PROCESS):  # a proxy: the tool itself runs in the server's process
                 names.add(name)
         stale = [n for n in self._names if n not in names]
         self._names = names

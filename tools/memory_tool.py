@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from tools.registry import EFFECT_WRITES_STATE, registry, tool_error, tool_result
+from tools.registry import EFFECT_WRITES_STATE, ISOLATION_PROCESS, registry, tool_error, tool_result
 
 MAX_NOTE_CHARS = 2_000
 MAX_NOTES_PER_USER = 200
@@ -182,6 +182,7 @@ registry.register(
         },
     },
     handler=_memory,
+    isolation=ISOLATION_PROCESS,  # the gateway's own state
     effects=[EFFECT_WRITES_STATE],
     emoji="🧠",
 )

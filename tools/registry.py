@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,26 @@ KNOWN_EFFECTS = frozenset(
     {EFFECT_WRITES_FILES, EFFECT_RUNS_COMMANDS, EFFECT_SENDS_MESSAGES, EFFECT_WRITES_STATE, EFFECT_SCHEDULES}
 )
 
+# Where a tool's handler runs. "sandbox": a worker process in its own namespaces, with no secrets and only
+# the workspace writable (every tool that runs commands, parses fetched or uploaded content or compiles a
+# model-chosen pattern); "process": in the gateway, through the async bridge (tools whose whole job is the
+# gateway's own state). The default is the safe one.
+ISOLATION_SANDBOX = "sandbox"
+ISOLATION_PROCESS = "process"
+ISOLATIONS = frozenset({ISOLATION_SANDBOX, ISOLATION_PROCESS})
+
+
+class SandboxRunner(Protocol):
+    """Runs the handlers of ``isolation="sandbox"`` tools out of process (installed by the gateway)."""
+
+    def unavailable_reason(self, entry: ToolEntry) -> str | None:
+        """Why sandboxed tools cannot run now, or None."""
+        ...
+
+    def run(self, entry: ToolEntry, args: dict[str, Any], ctx: Mapping[str, Any]) -> str:
+        """Run the tool's handler in the sandbox; returns its result string (errors as tool errors)."""
+        ...
+
 
 class ToolEntry:
     """One registered tool: its OpenAI schema, handler and availability probes."""
@@ -53,8 +73,10 @@ class ToolEntry:
         "emoji",
         "handler",
         "is_async",
+        "isolation",
         "max_result_size_chars",
         "name",
+        "network",
         "requires_env",
         "schema",
         "toolset",
@@ -74,6 +96,8 @@ class ToolEntry:
         max_result_size_chars: int | None = None,
         dynamic_schema_overrides: Callable[[], dict[str, Any]] | None = None,
         effects: Iterable[str] = (),
+        isolation: str = ISOLATION_SANDBOX,
+        network: bool = False,
     ) -> None:
         self.name = name
         self.toolset = toolset
@@ -87,6 +111,8 @@ class ToolEntry:
         self.max_result_size_chars = max_result_size_chars
         self.dynamic_schema_overrides = dynamic_schema_overrides
         self.effects = frozenset(effects)
+        self.isolation = isolation
+        self.network = network
 
     def __repr__(self) -> str:
         return f"ToolEntry({self.name!r}, toolset={self.toolset!r})"
@@ -107,6 +133,8 @@ class ToolRegistry:
         self._check_cache: dict[CheckFn, tuple[float, bool]] = {}
         self._discovered: set[str] = set()
         self.async_runner: AsyncRunner = asyncio.run
+        self.sandbox: SandboxRunner | None = None
+        """Where ``isolation="sandbox"`` handlers run; None runs them here (a sandbox worker, tests, the CLI)."""
 
     # -- changes ---------------------------------------------------------
 
@@ -130,6 +158,8 @@ class ToolRegistry:
         max_result_size_chars: int | None = None,
         dynamic_schema_overrides: Callable[[], dict[str, Any]] | None = None,
         effects: Iterable[str] = (),
+        isolation: str = ISOLATION_SANDBOX,
+        network: bool = False,
         override: bool = False,
     ) -> bool:
         """Register a tool; returns False (and logs) when the conflict policy rejects it.
@@ -137,10 +167,17 @@ class ToolRegistry:
         Conflicts: an MCP tool may replace an MCP tool (server refresh); ``override=True``
         may replace anything (logged); re-registering the same handler is a no-op;
         everything else is rejected and logged as an error. Never raises.
+
+        ``isolation`` says where the handler runs (``"sandbox"``, the default, or ``"process"``);
+        ``network`` whether a sandboxed handler needs the network.
         """
         unknown = set(effects) - KNOWN_EFFECTS
         if unknown:
             logger.error("tool %s declares unknown effects %s; not registered", name, sorted(unknown))
+            return False
+        if isolation not in ISOLATIONS:
+            logger.error("tool %s declares unknown isolation %r (use %s); not registered", name, isolation,
+                         " or ".join(sorted(ISOLATIONS)))
             return False
         entry = ToolEntry(
             name,
@@ -155,6 +192,8 @@ class ToolRegistry:
             max_result_size_chars=max_result_size_chars,
             dynamic_schema_overrides=dynamic_schema_overrides,
             effects=effects,
+            isolation=isolation,
+            network=network,
         )
         with self._lock:
             existing = self._tools.get(name)
@@ -259,6 +298,9 @@ class ToolRegistry:
             return f"needs {', '.join(missing)}"
         if entry.check_fn is not None and not self._check_fn_cached(entry.check_fn, memo):
             return "not configured or not reachable"
+        sandbox = self.sandbox
+        if entry.isolation == ISOLATION_SANDBOX and sandbox is not None:
+            return sandbox.unavailable_reason(entry)
         return None
 
     def is_available(self, name: str, memo: dict[CheckFn, bool] | None = None) -> bool:
@@ -292,11 +334,22 @@ class ToolRegistry:
     def dispatch(self, name: str, args: Mapping[str, Any], **ctx: Any) -> str:
         """Run a tool and return its result as a string; never raises.
 
-        Async handlers go through ``async_runner`` (``model_tools`` installs its bridge).
+        Sandboxed tools go to ``sandbox`` when one is installed; otherwise the handler runs here, async
+        handlers through ``async_runner`` (``model_tools`` installs its bridge).
         """
         entry = self.get(name)
         if entry is None:
             return tool_error(f"Unknown tool: {name}")
+        sandbox = self.sandbox
+        if entry.isolation == ISOLATION_SANDBOX and sandbox is not None:
+            reason = sandbox.unavailable_reason(entry)
+            text = tool_error(f"{name} is unavailable: {reason}") if reason else sandbox.run(entry, dict(args), ctx)
+            return truncate_result(text, entry.max_result_size_chars or DEFAULT_MAX_RESULT_CHARS)
+        return self.run_here(entry, args, ctx)
+
+    def run_here(self, entry: ToolEntry, args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+        """Run the tool's handler in this process (what a sandbox worker does with each call)."""
+        name = entry.name
         try:
             result = entry.handler(dict(args), **ctx)
             if entry.is_async:
@@ -364,6 +417,9 @@ _SPACES = re.compile(r"\s+")
 
 def sanitize_error_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """Strip markup the model could mistake for structure (role tags, XML, CDATA, fences); cap length."""
+    # Cut before the patterns run: error texts can carry fetched content, and the markup patterns
+    # backtrack (an unclosed tag rescans to the end), so their cost must not grow with the input.
+    text = text[: 4 * limit]
     text = _CDATA.sub(" ", text)
     text = _ROLE_TAG.sub(" ", text)
     text = _XML_TAG.sub(" ", text)

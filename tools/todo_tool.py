@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from tools.registry import EFFECT_WRITES_STATE, registry, tool_error, tool_result
+from tools.registry import EFFECT_WRITES_STATE, ISOLATION_PROCESS, registry, tool_error, tool_result
 
 MAX_ITEMS = 100
 MAX_TEXT_CHARS = 500
@@ -253,6 +253,7 @@ registry.register(
         },
     },
     handler=_todo,
+    isolation=ISOLATION_PROCESS,  # the gateway's own state
     effects=[EFFECT_WRITES_STATE],
     emoji="📋",
 )

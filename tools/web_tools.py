@@ -306,6 +306,7 @@ registry.register(
     },
     handler=_web_extract,
     is_async=True,
+    network=True,
     emoji="🌐",
     # Room for MAX_URLS full pages plus JSON escaping, so the list is not cut mid-JSON.
     max_result_size_chars=MAX_URLS * MAX_CHARS_LIMIT * 2,
@@ -337,6 +338,7 @@ registry.register(
     },
     handler=_web_search,
     is_async=True,
+    network=True,
     check_fn=_search_configured,
     emoji="🔎",
 )
