@@ -22,14 +22,15 @@ from gateway.outbox import OutboxSender
 from gateway.router import Router
 from gateway.runs import RunExecutor
 from gateway.store import PlatformStateStore, Store
+from gateway.tool_sandbox import start_sandbox, stop_sandbox, tool_settings
 from gateway.tool_state import install_tool_backends, uninstall_tool_backends
 from gateway.watchdog import LoopWatchdog
 from platforms.base import AdapterState, BasePlatformAdapter
 from tools.cronjob_tools import set_cron_backend
 from tools.plugins import LoadedPlugins, load_plugins
 from tools.registry import registry
-from tools.url_safety import configure_url_safety
-from tools.web_tools import configure_web_search
+from tools.sandbox import SandboxPool
+from tools.sandbox.settings import reset_tool_settings
 from toolsets import SOURCE_PREFIXES, TOOLSETS, remove_source_toolset, set_source_toolset
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class Gateway:
         self._leadership_changed = asyncio.Event()
         self._leadership_task: asyncio.Task[None] | None = None
         self._cron_running = False
+        self.sandbox: SandboxPool | None = None
 
     @property
     def port(self) -> int | None:
@@ -115,8 +117,9 @@ class Gateway:
             mcp.start()  # connects in the background: a slow server never delays startup
             self.mcp = mcp
         self._source_toolsets = _install_source_toolsets(cfg, self.plugins)
-        configure_web_search(cfg.web.search_url)
-        configure_url_safety(cfg.web.allow_private_networks)
+        tool_settings(cfg).apply()
+        # Probes the machine (a short subprocess); the workers then start in the background.
+        self.sandbox = await asyncio.to_thread(start_sandbox, cfg)
         install_tool_backends(self.store, asyncio.get_running_loop())
         runs = cfg.gateway.max_concurrent_runs + cfg.gateway.max_concurrent_webhook_runs
         self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time
@@ -246,8 +249,8 @@ class Gateway:
         await self.coordinator.stop()
         if self.store is not None:
             await self.store.close()
-        configure_web_search(None)  # the tool settings are process-wide: leave them as we found them
-        configure_url_safety(())
+        await asyncio.to_thread(stop_sandbox, self.sandbox)
+        reset_tool_settings()  # the tool settings are process-wide: leave them as we found them
         uninstall_tool_backends()
         set_cron_backend(None)
         for name in self._source_toolsets:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import yaml
 
@@ -20,6 +21,7 @@ from gateway.cron_store import CronStore
 from gateway.logs import setup_logging
 from gateway.pairing import PairingStore, format_code, notify_approved
 from gateway.store import Store
+from gateway.tool_sandbox import detect_isolation
 from tools.cronjob_tools import CronJob
 from tools.registry import registry
 from toolsets import TOOLSETS, resolve_toolset
@@ -66,6 +68,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         from gateway.mcp_service import report_reachability  # the MCP SDK takes a second to import
 
         report_reachability(cfg.mcp_servers)  # an unreachable server is a warning: the exit code stays 0
+    isolation = detect_isolation(cfg, Path(args.config) if args.config else None)
+    print(f"tool sandbox: {isolation.describe()}", file=sys.stderr)
     print("config OK", file=sys.stderr)
     return 0
 

@@ -1,0 +1,199 @@
+"""What a sandbox worker sees, and which isolation this machine can give it.
+
+The view is a list of what is visible (bubblewrap's way), never a list of what is hidden: the
+system's programs and libraries read-only, the Python installation and the ``tools`` package
+read-only, a few files of ``/etc`` that name resolution and TLS need, a private ``/tmp``, and
+the workspace, the one writable path. Nothing of the gateway's home (config, ``.env``, state
+database) is mounted, and the environment is built from an allowlist.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import tools
+
+Level = Literal["bwrap", "uid", "none", "unavailable"]
+MODES = ("auto", "bwrap", "uid", "none")
+
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+_ETC_FILES = (
+    "/etc/resolv.conf", "/etc/hosts", "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf",
+    "/etc/services", "/etc/protocols", "/etc/ssl", "/etc/ca-certificates", "/etc/pki", "/etc/passwd",
+    "/etc/group", "/etc/localtime", "/etc/timezone", "/etc/ld.so.cache", "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/mime.types", "/etc/magic", "/etc/bash.bashrc",
+    "/etc/profile", "/etc/inputrc", "/etc/os-release", "/etc/debian_version",
+)
+_ENV_PASSED = ("LANG", "LANGUAGE", "TZ")
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NOBODY = 65534
+_PROBE_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPolicy:
+    """The inputs of a worker's view."""
+
+    workspace: Path
+    read_only: tuple[Path, ...] = ()  # extra read-only paths (the plugins directory)
+    uid: int = NOBODY  # who the worker runs as when the gateway runs as root
+    sensitive: tuple[Path, ...] = ()  # the gateway's own files: config, .env, state (checked in uid mode)
+
+
+@dataclass(frozen=True, slots=True)
+class Isolation:
+    """The isolation the sandbox will use, and why (``hermes-gateway check`` prints both)."""
+
+    level: Level
+    reason: str
+    requested: str = "auto"
+
+    @property
+    def available(self) -> bool:
+        """Whether sandboxed tools can be offered (``none`` runs them in the gateway, by choice)."""
+        return self.level != "unavailable"
+
+    def describe(self) -> str:
+        """One line for ``check`` and the start-up log."""
+        return f"{self.level}: {self.reason}"
+
+
+def python_paths() -> list[Path]:
+    """The Python installation and virtualenv the worker's interpreter needs, and the ``tools`` package."""
+    paths = {Path(sys.base_prefix), Path(sys.prefix), Path(os.path.realpath(sys.executable)).parent.parent,
+             Path(tools.__file__).resolve().parent}
+    return sorted(p for p in paths if p.exists())
+
+
+def worker_command() -> list[str]:
+    """The interpreter, isolated from PYTHON* variables and the user's site directory, running the worker."""
+    return [sys.executable, "-I", "-m", "tools.sandbox.worker"]
+
+
+def sandbox_env(workspace: Path, source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The worker's whole environment: fixed values and a few harmless ones from ``source``."""
+    source = os.environ if source is None else source
+    env = {"PATH": SANDBOX_PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "TERM": "dumb", "USER": "sandbox",
+           "LOGNAME": "sandbox", "SHELL": "/bin/sh", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+           "HERMES_WORKSPACE": str(workspace)}
+    env.update({k: source[k] for k in _ENV_PASSED if source.get(k)})
+    return env
+
+
+def _bind_system(argv: list[str]) -> None:
+    for name in _SYSTEM_DIRS:
+        path = Path(name)
+        if path.is_symlink():  # merged /usr: /bin -> usr/bin
+            argv += ["--symlink", os.readlink(path), name]
+        elif path.is_dir():
+            argv += ["--ro-bind", name, name]
+    argv += ["--perms", "0755", "--dir", "/etc"]
+    for name in _ETC_FILES:
+        argv += ["--ro-bind-try", name, name]
+
+
+def _make_parents(argv: list[str], mounts: Sequence[Path]) -> None:
+    """Create the mount points' parent directories world-readable (bubblewrap makes them 0700 when it
+    runs as root, which would lock the worker out once it drops to its own user)."""
+    made: set[Path] = set()
+    for mount in mounts:
+        for parent in reversed(mount.parents):
+            if parent in (Path("/"), Path("/tmp")) or parent in made or str(parent) in _SYSTEM_DIRS:
+                continue
+            made.add(parent)
+            argv += ["--perms", "0755", "--dir", str(parent)]
+
+
+def bwrap_argv(policy: SandboxPolicy, *, network: bool, as_root: bool, command: Sequence[str]) -> list[str]:
+    """The bubblewrap command line that runs ``command`` in a worker's view.
+
+    As root there is no user namespace: bubblewrap keeps only CAP_SETUID/CAP_SETGID so the worker can
+    switch to ``policy.uid`` (then the per-user process limit counts the sandbox's processes, which it
+    does not for root). Otherwise an unprivileged user namespace, where the limit counts them too.
+    """
+    bwrap = shutil.which("bwrap") or "bwrap"
+    argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--hostname", "sandbox"]
+    if not network:
+        argv.append("--unshare-net")
+    if as_root:
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv.append("--unshare-user")
+    _bind_system(argv)
+    # The private /tmp first: the binds below may sit under /tmp, and a later tmpfs would hide them.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    read_only = [*python_paths(), *policy.read_only]
+    _make_parents(argv, [*read_only, policy.workspace])
+    for path in read_only:
+        argv += ["--ro-bind-try", str(path), str(path)]
+    workspace = str(policy.workspace)
+    argv += ["--bind", workspace, workspace, "--chdir", workspace, "--clearenv"]
+    for key, value in sandbox_env(policy.workspace).items():
+        argv += ["--setenv", key, value]
+    return [*argv, "--", *command]
+
+
+def _runs(argv: list[str], **kwargs: object) -> str | None:
+    """None when ``argv`` exits 0, else what went wrong (its stderr's last line)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT, check=False,
+                              **kwargs)  # type: ignore[call-overload]
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return None
+    lines = (done.stderr or done.stdout or f"exit status {done.returncode}").strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def _probe_bwrap(policy: SandboxPolicy) -> str | None:
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    with tempfile.TemporaryDirectory() as workspace:  # the real one may not exist yet
+        argv = bwrap_argv(replace(policy, workspace=Path(workspace)), network=False, as_root=os.geteuid() == 0,
+                          command=[sys.executable, "-I", "-c", "import tools.sandbox.worker"])
+        error = _runs(argv, stdin=subprocess.DEVNULL)
+    return None if error is None else f"bubblewrap cannot create the sandbox here ({error})"
+
+
+def _probe_uid(policy: SandboxPolicy) -> str | None:
+    if os.geteuid() != 0:
+        return "a separate user needs the gateway to run as root"
+    exposed = [str(p) for p in policy.sensitive if p.exists() and p.stat().st_mode & 0o004]
+    if exposed:
+        return f"the gateway's files are readable by other users: chmod o-r {' '.join(exposed)}"
+    error = _runs([sys.executable, "-I", "-c", "import tools.sandbox.worker"], user=policy.uid, group=policy.uid,
+                  extra_groups=[], cwd="/", env=sandbox_env(policy.workspace), stdin=subprocess.DEVNULL)
+    return None if error is None else f"user {policy.uid} cannot start the Python interpreter ({error})"
+
+
+def detect(mode: str, policy: SandboxPolicy) -> Isolation:
+    """The isolation for ``tools.sandbox: mode``: what was asked for if it works, else the best that does."""
+    if mode == "none":
+        return Isolation("none", "tools.sandbox is none: sandboxed tools run inside the gateway, with its "
+                                 "secrets and files in reach", mode)
+    problems: list[str] = []
+    if mode in ("auto", "bwrap"):
+        error = _probe_bwrap(policy)
+        if error is None:
+            who = f"as uid {policy.uid}" if os.geteuid() == 0 else "in a user namespace"
+            return Isolation("bwrap", f"bubblewrap: own PID, mount, IPC and network namespaces, {who}", mode)
+        problems.append(error)
+    if mode in ("auto", "uid"):
+        error = _probe_uid(policy)
+        if error is None:
+            return Isolation("uid", f"{'; '.join(problems) + '; ' if problems else ''}falling back to a "
+                                    f"separate user (uid {policy.uid}), without namespaces", mode)
+        problems.append(error)
+    return Isolation("unavailable", "; ".join(problems) + ". Sandboxed tools (terminal, files, web) are "
+                     "not offered; install bubblewrap, or set tools.sandbox: none to run them inside the "
+                     "gateway (not recommended)", mode)

@@ -1,0 +1,120 @@
+"""A sandbox worker: ``python -I -m tools.sandbox.worker``, started inside the sandbox by the pool.
+
+It reads a setup frame (limits, who to run as, tool settings, plugins), drops privileges, sets its
+resource limits, loads the tools, answers ``ready``, then serves one call at a time: each request
+names a tool, its (already coerced) arguments and the run's context; the answer is the result
+string the registry's in-process dispatch returns. Anything the handler or its children print goes
+to stderr: stdout is moved to a private descriptor that only carries frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from tools.plugins import load_plugins
+from tools.registry import registry, tool_error
+from tools.sandbox.protocol import ProtocolError, read_frame, write_frame
+from tools.sandbox.settings import ToolSettings
+
+_MB = 1024 * 1024
+
+
+def _private_pipes() -> tuple[int, int]:
+    """(request fd, answer fd): the pipes, moved off 0 and 1 so children cannot read or write them."""
+    requests, answers = os.dup(0), os.dup(1)  # os.dup makes non-inheritable descriptors
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return requests, answers
+
+
+def _drop_privileges(uid: int | None, gid: int | None) -> None:
+    """Become ``uid``/``gid`` with no supplementary groups (only when started as root); every capability
+    goes with the switch, and no_new_privs (set by bubblewrap) keeps them from coming back."""
+    if uid is None or os.getuid() != 0:
+        return
+    os.setgroups([])
+    os.setgid(gid if gid is not None else uid)
+    os.setuid(uid)
+
+
+def _set_limits(limits: dict[str, Any]) -> None:
+    """Per-process limits, inherited by every command a tool starts."""
+    pairs = {
+        resource.RLIMIT_AS: int(limits["memory_mb"]) * _MB,
+        resource.RLIMIT_NOFILE: int(limits["open_files"]),
+        resource.RLIMIT_NPROC: int(limits["processes"]),
+        resource.RLIMIT_FSIZE: int(limits["file_size_mb"]) * _MB,
+        resource.RLIMIT_CORE: 0,
+    }
+    for which, value in pairs.items():
+        resource.setrlimit(which, (value, value))
+
+
+def _limit_cpu(seconds: float) -> None:
+    """Allow this call ``seconds`` more CPU time: past it the kernel sends SIGXCPU, which ends the worker."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = usage.ru_utime + usage.ru_stime
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = int(used + seconds) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
+class _Loop:
+    """The worker's one persistent event loop for async handlers (clients they cache stay bound to it)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def __call__(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.loop.run_until_complete(coro)
+
+
+def _call(request: dict[str, Any]) -> str:
+    entry = registry.get(str(request.get("tool")))
+    if entry is None:
+        return tool_error(f"Unknown tool: {request.get('tool')}")
+    _limit_cpu(float(request["cpu_seconds"]))
+    return registry.run_here(entry, request.get("args") or {}, request.get("ctx") or {})
+
+
+def serve() -> int:
+    """Set up, then answer calls until the pool closes the pipe."""
+    requests, answers = _private_pipes()
+    try:
+        setup = read_frame(requests)
+    except ProtocolError:
+        return 1
+    _set_limits(setup["limits"])
+    registry.async_runner = _Loop()
+    # The operator's code loads before the switch to the sandbox's user, which may not be able to read
+    # it (a plugins directory private to the gateway's user); no call from a model runs before it.
+    registry.discover_builtin_tools()
+    plugins = setup.get("plugins") or {}
+    directory = plugins.get("dir")
+    load_plugins(Path(directory) if directory else None, entry_points=bool(plugins.get("entry_points")))
+    _drop_privileges(setup.get("uid"), setup.get("gid"))
+    ToolSettings.from_dict(setup.get("settings") or {}).apply()
+    write_frame(answers, {"ready": True, "pid": os.getpid(), "tools": registry.tool_names()})
+    while True:
+        try:
+            request = read_frame(requests)
+        except ProtocolError:
+            return 0
+        try:
+            result = _call(request)
+        except MemoryError:
+            result = tool_error(f"{request.get('tool')}: out of memory (the sandbox's limit)")
+        write_frame(answers, {"result": result})
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
