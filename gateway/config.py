@@ -838,6 +838,27 @@ class WebSettings(_Section):
     allow_private_networks: list[Annotated[str, AfterValidator(_check_network)]] = Field(default_factory=list)
 
 
+class SandboxLimitSettings(_Section):
+    """Limits of one sandboxed tool call; past one the call ends with a tool error (never retried)."""
+
+    timeout: float = Field(30.0, gt=0, le=3600)  # wall clock; a tool's own timeout argument extends it
+    cpu_seconds: float = Field(20.0, gt=0)
+    memory_mb: int = Field(1024, ge=64)  # address space of each process in the sandbox
+    open_files: int = Field(256, ge=16)
+    processes: int = Field(128, ge=8)  # processes and threads: a fork bomb stops here
+    file_size_mb: int = Field(1024, ge=1)
+
+
+class ToolsSettings(_Section):
+    """Where tools run: the sandbox for commands and untrusted content (see README, Tool sandbox)."""
+
+    sandbox: Literal["auto", "bwrap", "uid", "none"] = "auto"
+    sandbox_uid: int = Field(65534, ge=1)  # the sandbox's user when the gateway runs as root
+    workers: int = Field(4, ge=1, le=64)  # per kind (with and without network)
+    limits: SandboxLimitSettings = Field(default_factory=SandboxLimitSettings)
+    network: dict[str, bool] = Field(default_factory=dict)  # per tool: overrides what the tool declares
+
+
 class LoggingSettings(_Section):
     """Log level and format."""
 
@@ -870,6 +891,7 @@ class Config(_Section):
     toolsets: dict[_ToolsetPlatform, _StrOrList] = Field(default_factory=dict)
     tool_search: ToolSearchSettings = Field(default_factory=ToolSearchSettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     mcp_servers: dict[Annotated[str, AfterValidator(_check_server_name)], McpServer] = Field(default_factory=dict)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
