@@ -6,11 +6,13 @@ import difflib
 import fnmatch
 import functools
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
+
+import re2
 
 from tools.registry import EFFECT_WRITES_FILES, registry, tool_error, tool_result
 from tools.workspace import WorkspaceError, resolve_in_workspace, workspace_root
@@ -27,6 +29,17 @@ _MAX_DIFF_LINES = 40
 _SEARCH_MAX_FILE_BYTES = 1024 * 1024
 _BINARY_SNIFF_BYTES = 8192
 _SKIP_DIRS = frozenset({".git"})
+# The pattern is chosen by the model: RE2 matches in time linear in the text (no catastrophic
+# backtracking), and these bound what compiling it may cost.
+MAX_PATTERN_CHARS = 2000
+_RE2_MAX_MEM = 8 << 20
+# An escape (a backslash and the character after it), or a group opener RE2 rejects: lookaround, (?P=name).
+_ESCAPE_OR_GROUP = re2.compile(r"(?s)\\(.)|(\(\?<?[=!]|\(\?P=)")
+_ESCAPE = re2.compile(r"(?s)\\.")
+# An escape, or an inline flag group that turns a flag off (it could turn off multi-line mode).
+_ESCAPE_OR_FLAGS_OFF = re2.compile(r"(?s)\\(.)|\(\?[a-zA-Z]*-")
+
+_Regex = re2._Regexp  # google-re2 has no public name for a compiled pattern
 
 Handler = Callable[..., str]
 
@@ -223,21 +236,99 @@ def search_files(args: dict[str, Any], **ctx: Any) -> str:
     file_glob = args.get("file_glob") or None
     if file_glob is not None and not isinstance(file_glob, str):
         raise _FileToolError("file_glob must be a string such as '*.py'")
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise _FileToolError(f"invalid regex {pattern!r}: {exc}") from exc
+    matcher = _compile_pattern(pattern)
     root, start = _locate(args, ctx, default=".")
     if not start.exists():
         raise _FileToolError(f"{_rel(root, start)} does not exist")
     files = _walk(start, file_glob)
     found: Iterable[Any]
     if target == "files":
-        found = (_rel(root, path) for path in files if regex.search(path.name))
+        found = (_rel(root, path) for path in files if matcher.line.search(_display_name(path)))
     else:
-        found = _content_matches(root, files, regex)
+        found = _content_matches(root, files, matcher)
     results = list(islice(found, limit + 1))
     return tool_result(results=results[:limit], truncated=len(results) > limit)
+
+
+@dataclass(frozen=True, slots=True)
+class _Matcher:
+    """The model's pattern, applied to one line (or file name) at a time."""
+
+    line: _Regex
+    any_line: _Regex | None
+    """The pattern in multi-line mode, never matching a newline, over a whole file: one RE2 pass instead of
+    one call per line (each costs about a microsecond). No match there means no line matches."""
+
+    def may_match(self, text: str) -> bool:
+        """False only when no line of ``text`` can match."""
+        if self.any_line is None:
+            return True
+        # Lines are matched without their \r, so that ``$`` matches before a CRLF too.
+        return self.any_line.search(text.replace("\r\n", "\n").removesuffix("\r")) is not None
+
+
+def _compile_pattern(pattern: str) -> _Matcher:
+    """The model's pattern compiled with RE2; unsupported constructs get an error saying what to do."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise _FileToolError(f"pattern is {len(pattern)} characters, over the {MAX_PATTERN_CHARS} limit; shorten it")
+    options = re2.Options()
+    options.max_mem = _RE2_MAX_MEM
+    options.log_errors = False  # the error goes back to the model, not to stderr
+    try:
+        translated = _ESCAPE.sub(_to_re2_escape, pattern)
+        line = re2.compile(translated, options)
+    except UnicodeEncodeError as exc:  # a lone surrogate from the JSON arguments
+        raise _FileToolError(f"invalid regex {pattern!r}: not valid Unicode text") from exc
+    except re2.error as exc:
+        construct = _unsupported_construct(pattern)
+        if construct is not None:
+            raise _FileToolError(
+                f"search_files: this pattern uses {construct}, which RE2 does not support; search_files uses RE2 "
+                f"syntax (Python syntax without backreferences or lookaround): rewrite it without them, "
+                f"spelling out the repeated text or matching the context as part of the pattern"
+            ) from exc
+        # google-re2 raises with RE2's message as bytes.
+        detail = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise _FileToolError(f"invalid regex {pattern!r}: {detail} (search_files uses RE2 syntax)") from exc
+    if not _line_local(translated):
+        return _Matcher(line, None)
+    options.never_nl = True
+    try:
+        return _Matcher(line, re2.compile("(?m)" + translated, options))
+    except re2.error:  # e.g. over max_mem: fall back to matching line by line
+        return _Matcher(line, None)
+
+
+def _line_local(pattern: str) -> bool:
+    """Whether ``pattern`` means the same in multi-line mode over a whole file: every anchor it has then
+    matches at line ends (no \\A, \\z, no flag group that could turn multi-line mode off, no \\C byte)."""
+    for match in _ESCAPE_OR_FLAGS_OFF.finditer(pattern):
+        if match.group(1) is None or match.group(1) in "AzC":
+            return False
+    return True
+
+
+def _to_re2_escape(match: re2._Match) -> str:
+    # Python's \Z (end of text) is spelled \z in RE2; every other escape is kept as is.
+    return r"\z" if match.group(0) == r"\Z" else match.group(0)
+
+
+def _unsupported_construct(pattern: str) -> str | None:
+    """Names the first backreference or lookaround in ``pattern`` (escapes are skipped pairwise)."""
+    for match in _ESCAPE_OR_GROUP.finditer(pattern):
+        escaped, group = match.group(1), match.group(2)
+        if group == "(?P=":
+            return "a backreference (?P=name)"
+        if group is not None:
+            return f"lookaround {group}...)"
+        if escaped in "123456789":
+            return f"a backreference \\{escaped}"
+    return None
+
+
+def _display_name(path: Path) -> str:
+    # Names that are not UTF-8 hold surrogate escapes, which RE2 (matching UTF-8) cannot take.
+    return os.fsencode(path.name).decode("utf-8", errors="replace")
 
 
 def _walk(start: Path, file_glob: str | None) -> Iterator[Path]:
@@ -259,15 +350,18 @@ def _tree(start: Path) -> Iterator[Path]:
             yield Path(dirpath, name)
 
 
-def _content_matches(root: Path, files: Iterable[Path], regex: re.Pattern[str]) -> Iterator[dict[str, Any]]:
+def _content_matches(root: Path, files: Iterable[Path], matcher: _Matcher) -> Iterator[dict[str, Any]]:
     for path in files:
         shown = _rel(root, path)
         try:
             data = _load_bytes(path, shown, _SEARCH_MAX_FILE_BYTES)
         except (_FileToolError, OSError):
             continue  # binary, too large or unreadable: not searched
-        for number, line in enumerate(_lines(data.decode("utf-8", errors="replace")), start=1):
-            if regex.search(line):
+        text = data.decode("utf-8", errors="replace")
+        if not matcher.may_match(text):
+            continue
+        for number, line in enumerate(_lines(text), start=1):
+            if matcher.line.search(line):
                 yield {"path": shown, "line": number, "text": _clip(line, _MAX_MATCH_CHARS)}
 
 
@@ -370,7 +464,10 @@ registry.register(
         "parameters": {
             "type": "object",
             "properties": {
-                "pattern": {"type": "string", "description": "Python regular expression."},
+                "pattern": {
+                    "type": "string",
+                    "description": "RE2 regular expression (Python syntax without backreferences or lookaround).",
+                },
                 "target": {"type": "string", "enum": ["content", "files"], "default": "content"},
                 "path": {"type": "string", "description": "Directory or file to search (default: all)."},
                 "file_glob": {"type": "string", "description": "Only files whose name matches, e.g. '*.py'."},

@@ -2,10 +2,14 @@
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tools.file_tools
 from tools.registry import EFFECT_WRITES_FILES, registry
@@ -301,3 +305,98 @@ def test_search_does_not_follow_symlinks_out(ws: Path) -> None:
     (ws / "mine.txt").write_text("TOPSECRET copy\n")
     out = call("search_files", ws, pattern="TOPSECRET")
     assert out["results"] == [{"path": "mine.txt", "line": 1, "text": "TOPSECRET copy"}]
+
+
+# -- search_files: RE2 patterns ------------------------------------------------
+
+# Runs search_files in a fresh interpreter, so a pattern that backtracks for ever fails the test by
+# timing out instead of hanging the test run.
+_SEARCH_IN_SUBPROCESS = """
+import json, sys
+import tools.file_tools
+from tools.registry import registry
+args = json.loads(sys.argv[1])
+print(registry.dispatch("search_files", args, workspace=sys.argv[2]))
+"""
+
+
+def _search_in_subprocess(ws: Path, **args: Any) -> dict[str, Any]:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        done = subprocess.run([sys.executable, "-c", _SEARCH_IN_SUBPROCESS, json.dumps(args), str(ws)], cwd=repo,
+                              capture_output=True, text=True, timeout=60, check=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"search_files with {args} did not finish in 60 s (backtracking regex engine?)")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_search_catastrophic_pattern_finishes_with_no_match(ws: Path) -> None:
+    (ws / "a.txt").write_text("a" * 40 + "!\n")
+    (ws / ("a" * 40 + "!")).write_text("")
+    assert _search_in_subprocess(ws, pattern="(a+)+$") == {"results": [], "truncated": False}
+    assert _search_in_subprocess(ws, pattern="(a+)+$", target="files") == {"results": [], "truncated": False}
+
+
+@pytest.mark.parametrize(("pattern", "construct"), [
+    (r"(\w+) \1", r"a backreference \1"),
+    (r"(?P<w>\w+) (?P=w)", "a backreference (?P=name)"),
+    ("foo(?=bar)", "lookaround (?=...)"),
+    ("foo(?!bar)", "lookaround (?!...)"),
+    ("(?<=x)foo", "lookaround (?<=...)"),
+    ("(?<!x)foo", "lookaround (?<!...)"),
+])
+def test_search_unsupported_construct_is_a_clear_error(tree: Path, pattern: str, construct: str) -> None:
+    for target in ("content", "files"):
+        error = call("search_files", tree, pattern=pattern, target=target)["error"]
+        assert error.startswith(f"search_files: this pattern uses {construct}, which RE2 does not support")
+        assert "RE2 syntax" in error and "rewrite it without them" in error
+
+
+def test_search_escaped_backslash_is_not_a_backreference(ws: Path) -> None:
+    (ws / "paths.txt").write_text("C:\\1dir\nplain\n")
+    assert call("search_files", ws, pattern=r"C:\\1")["results"] == [{"path": "paths.txt", "line": 1,
+                                                                      "text": "C:\\1dir"}]
+    error = call("search_files", ws, pattern=r"\\1(")["error"]
+    assert error.startswith("invalid regex") and "missing )" in error
+
+
+def test_search_pattern_length_is_capped(ws: Path) -> None:
+    limit = tools.file_tools.MAX_PATTERN_CHARS
+    assert "over the" in call("search_files", ws, pattern="x" * (limit + 1))["error"]
+    assert call("search_files", ws, pattern="x" * limit)["results"] == []
+
+
+def test_search_schema_says_re2() -> None:
+    entry = registry.get("search_files")
+    assert entry is not None
+    description = entry.schema["parameters"]["properties"]["pattern"]["description"]
+    assert description == "RE2 regular expression (Python syntax without backreferences or lookaround)."
+
+
+def test_search_python_syntax_still_works(ws: Path) -> None:
+    (ws / "code.py").write_text("def main():\r\n    return 42\r\nclass Foo:\n    pass\nend")
+    assert [r["line"] for r in call("search_files", ws, pattern=r"(?P<kw>def|class) \w+")["results"]] == [1, 3]
+    assert [r["line"] for r in call("search_files", ws, pattern=r"(?i)^CLASS")["results"]] == [3]
+    assert [r["line"] for r in call("search_files", ws, pattern=r":$")["results"]] == [1, 3]  # CRLF lines too
+    assert [r["line"] for r in call("search_files", ws, pattern=r"\d+\Z")["results"]] == [2]  # Python's \Z
+    assert [r["line"] for r in call("search_files", ws, pattern=r"\Aend\z")["results"]] == [5]
+    assert [r["line"] for r in call("search_files", ws, pattern=r"\bpass\b")["results"]] == [4]
+
+
+def test_search_file_names_that_are_not_utf8(ws: Path) -> None:
+    (ws / os.fsdecode(b"caf\xe9.txt")).write_text("x\n")
+    (ws / "other.txt").write_text("x\n")
+    assert len(call("search_files", ws, pattern=r"^caf", target="files")["results"]) == 1
+    assert call("search_files", ws, pattern="\ud800")["error"].startswith("invalid regex")
+
+
+_LINE_PATTERNS = [r"^a", r"a$", r"^$", r"\bab\b", r"a\s*b", r"(?s)a.b", r"[^x]+", r"a\nb", r"b\r", r"\Ab", r"b\z",
+                  r"(?-m)^b", r"(?i)^B$"]
+
+
+@given(text=st.text(alphabet="ab x\r\n", max_size=30), pattern=st.sampled_from(_LINE_PATTERNS))
+def test_whole_file_prefilter_never_hides_a_matching_line(text: str, pattern: str) -> None:
+    matcher = tools.file_tools._compile_pattern(pattern)
+    lines = tools.file_tools._lines(text)
+    if any(matcher.line.search(line) for line in lines):
+        assert matcher.may_match(text)
