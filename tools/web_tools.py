@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import html
-import re
 import socket
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import html2text
+import re2
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.helpers import is_ip_address
 from yarl import URL
@@ -48,10 +48,14 @@ _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _TEXT_TYPES = frozenset({"text/plain", "text/markdown", "application/json"})
 _CHUNK_BYTES = 64 * 1024
 _MAX_TITLE_CHARS = 300
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.I | re.S)
-_META_CHARSET = re.compile(rb"<meta[^>]+charset\s*=\s*[\"']?([A-Za-z0-9_:.-]+)", re.I)
+_LATIN1 = re2.Options()
+_LATIN1.encoding = re2.Options.Encoding.LATIN1  # the bytes before the charset is known: any byte is a character
+# Fetched content is hostile: its patterns run on RE2, in time linear in the page (with a backtracking
+# engine, a page of unclosed <title> tags made the title search rescan the rest of it at each one).
+_TITLE = re2.compile(r"(?is)<title[^>]*>(.*?)</title\s*>")
+_META_CHARSET = re2.compile(rb"(?i)<meta[^>]+charset\s*=\s*[\"']?([A-Za-z0-9_:.-]+)", _LATIN1)
 # A page must not be able to close our "untrusted" wrapper early.
-_MARKER_LOOKALIKE = re.compile(r"<<<\s*(END\s+)?EXTERNAL\s+CONTENT", re.I)
+_MARKER_LOOKALIKE = re2.compile(r"(?i)<<<\s*(END\s+)?EXTERNAL\s+CONTENT")
 
 
 class _FetchError(Exception):
