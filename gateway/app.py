@@ -109,17 +109,17 @@ class Gateway:
         await coordinator.start()
         registry.discover_builtin_tools()
         self.plugins = load_plugins(cfg.plugins.dir, entry_points=cfg.plugins.entry_points)
+        tool_settings(cfg).apply()
+        # Probes the machine (a short subprocess); the workers then start in the background.
+        self.sandbox = await asyncio.to_thread(start_sandbox, cfg)
         if cfg.mcp_servers:
             # Imported only when configured: the MCP SDK costs ~18 MiB and 1-3 s of start-up.
             from gateway.mcp_service import McpService
 
-            mcp = McpService(cfg.mcp_servers)
+            mcp = McpService(cfg.mcp_servers, self.sandbox.program_launcher() if self.sandbox else None)
             mcp.start()  # connects in the background: a slow server never delays startup
             self.mcp = mcp
         self._source_toolsets = _install_source_toolsets(cfg, self.plugins)
-        tool_settings(cfg).apply()
-        # Probes the machine (a short subprocess); the workers then start in the background.
-        self.sandbox = await asyncio.to_thread(start_sandbox, cfg)
         install_tool_backends(self.store, asyncio.get_running_loop())
         runs = cfg.gateway.max_concurrent_runs + cfg.gateway.max_concurrent_webhook_runs
         self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time

@@ -18,21 +18,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from gateway.config import McpServer
-from tools.mcp_tool import McpManager, McpProbe, McpServerSpec, McpServerStatus, probe
+from tools.mcp_tool import Launcher, McpManager, McpProbe, McpServerSpec, McpServerStatus, probe
 from toolsets import remove_source_toolset, set_source_toolset
 
 logger = logging.getLogger(__name__)
 
 
-def server_specs(servers: Mapping[str, McpServer]) -> list[McpServerSpec]:
-    """The configured servers as connection specs (secrets revealed: they go to the server only)."""
+def server_specs(servers: Mapping[str, McpServer], launcher: Launcher | None = None) -> list[McpServerSpec]:
+    """The configured servers as connection specs (secrets revealed: they go to the server only); ``launcher``
+    starts stdio servers (the gateway's tool sandbox)."""
     return [
         McpServerSpec(
             name, command=s.command, args=tuple(s.args), env={k: v.get_secret_value() for k, v in s.env.items()},
             url=s.url, headers={k: v.get_secret_value() for k, v in s.headers.items()}, timeout=s.timeout,
             connect_timeout=s.connect_timeout,
             enabled_tools=frozenset(s.enabled_tools) if s.enabled_tools is not None else None,
-            disabled_tools=frozenset(s.disabled_tools))
+            disabled_tools=frozenset(s.disabled_tools), launcher=launcher)
         for name, s in servers.items()
     ]
 
@@ -48,8 +49,8 @@ def _sync_toolset(spec: McpServerSpec, names: Sequence[str]) -> None:
 class McpService:
     """Owns the gateway's MCP connections; ``start`` returns at once, ``stop`` unregisters everything."""
 
-    def __init__(self, servers: Mapping[str, McpServer]) -> None:
-        self.specs = server_specs(servers)
+    def __init__(self, servers: Mapping[str, McpServer], launcher: Launcher | None = None) -> None:
+        self.specs = server_specs(servers, launcher)
         self._manager = McpManager(self.specs, on_tools_changed=_sync_toolset)
 
     def start(self) -> None:

@@ -87,6 +87,9 @@ class McpState(StrEnum):
     STOPPED = "stopped"
 
 
+Launcher = Callable[[str, Sequence[str]], list[str]]
+
+
 @dataclass(frozen=True, slots=True)
 class McpServerSpec:
     """How to reach one MCP server: a command run as a subprocess (stdio) or a streamable HTTP URL."""
@@ -101,6 +104,8 @@ class McpServerSpec:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     enabled_tools: frozenset[str] | None = None
     disabled_tools: frozenset[str] = frozenset()
+    launcher: Launcher | None = None
+    """Turns a stdio server's command and arguments into the command line that starts it (the sandbox)."""
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.url is None):
@@ -178,7 +183,8 @@ async def _open_session(spec: McpServerSpec,
     """A session over the spec's transport, not yet initialized; control requests time out at connect_timeout."""
     async with AsyncExitStack() as stack:
         if spec.command is not None:
-            params = StdioServerParameters(command=spec.command, args=list(spec.args), env=dict(spec.env) or None)
+            argv = spec.launcher(spec.command, spec.args) if spec.launcher else [spec.command, *spec.args]
+            params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(spec.env) or None)
             read, write = await stack.enter_async_context(stdio_client(params))
         else:
             timeout = httpx2.Timeout(max(_SSE_READ_TIMEOUT, spec.timeout + _CALL_GRACE), connect=spec.connect_timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
 import sys
@@ -267,3 +268,28 @@ def test_runtime_toolsets_must_be_named_for_their_source() -> None:
     with pytest.raises(ToolsetError, match="must start with mcp- or plugin-"):
         set_source_toolset("web", "would shadow a built-in toolset", ["echo"])
     assert TOOLSETS["web"].tools == ["web_search", "web_extract"]
+
+
+async def test_stdio_servers_run_in_the_tool_sandbox(make_gateway, tmp_path, monkeypatch) -> None:
+    """A stdio server gets the tool sandbox's rules: none of the gateway's files, processes or secrets."""
+    monkeypatch.setenv("HERMES_CANARY_MCP", "canary-7f3e9a1c")
+    probe = ("import json, os, sys; json.dump({'uid': os.getuid(), 'state_db': os.path.exists(sys.argv[1]), "
+             "'env': dict(os.environ), 'pids': [p for p in os.listdir('/proc') if p.isdigit()], "
+             "'gateway_pid_visible': os.path.exists('/proc/' + sys.argv[2])}, open('seen.json', 'w')); "
+             "sys.stdin.read()")
+    server = {"command": sys.executable, "args": ["-c", probe, str(tmp_path / "state.db"), str(os.getpid())],
+              "env": {"SERVER_TOKEN": "configured-for-the-server"}}
+    h = await make_gateway(with_mcp({"probe": server}, "mcp-probe"))
+    seen_file = Path(h.gateway.cfg.gateway.workspace) / "seen.json"
+
+    async def seen() -> dict[str, Any]:
+        while not seen_file.exists() or not seen_file.read_text():
+            await asyncio.sleep(0.02)
+        return json.loads(seen_file.read_text())
+
+    seen_by_server = await asyncio.wait_for(seen(), 30)
+    assert (tmp_path / "state.db").exists() and seen_by_server["state_db"] is False
+    assert seen_by_server["gateway_pid_visible"] is False
+    assert seen_by_server["uid"] != 0
+    assert seen_by_server["env"]["SERVER_TOKEN"] == "configured-for-the-server"  # its own env still reaches it
+    assert "HERMES_CANARY_MCP" not in seen_by_server["env"] and "test-key" not in json.dumps(seen_by_server)

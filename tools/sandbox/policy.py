@@ -112,34 +112,71 @@ def _make_parents(argv: list[str], mounts: Sequence[Path]) -> None:
             argv += ["--perms", "0755", "--dir", str(parent)]
 
 
+def _view(policy: SandboxPolicy, *, network: bool, read_only: Sequence[Path]) -> list[str]:
+    """bubblewrap's options for a sandbox's view (namespaces, mounts), without user handling or environment."""
+    argv = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid",
+            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+    if not network:
+        argv.append("--unshare-net")
+    _bind_system(argv)
+    # The private /tmp first: the binds below may sit under /tmp, and a later tmpfs would hide them.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    paths = [*python_paths(), *policy.read_only, *read_only]
+    _make_parents(argv, [*paths, policy.workspace])
+    for path in paths:
+        argv += ["--ro-bind-try", str(path), str(path)]
+    workspace = str(policy.workspace)
+    return [*argv, "--bind", workspace, workspace, "--chdir", workspace]
+
+
 def bwrap_argv(policy: SandboxPolicy, *, network: bool, as_root: bool, command: Sequence[str]) -> list[str]:
-    """The bubblewrap command line that runs ``command`` in a worker's view.
+    """The bubblewrap command line that runs a worker (``command``) in its view.
 
     As root there is no user namespace: bubblewrap keeps only CAP_SETUID/CAP_SETGID so the worker can
     switch to ``policy.uid`` (then the per-user process limit counts the sandbox's processes, which it
     does not for root). Otherwise an unprivileged user namespace, where the limit counts them too.
     """
-    bwrap = shutil.which("bwrap") or "bwrap"
-    argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--hostname", "sandbox"]
-    if not network:
-        argv.append("--unshare-net")
+    argv = _view(policy, network=network, read_only=())
     if as_root:
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         argv.append("--unshare-user")
-    _bind_system(argv)
-    # The private /tmp first: the binds below may sit under /tmp, and a later tmpfs would hide them.
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
-    read_only = [*python_paths(), *policy.read_only]
-    _make_parents(argv, [*read_only, policy.workspace])
-    for path in read_only:
-        argv += ["--ro-bind-try", str(path), str(path)]
-    workspace = str(policy.workspace)
-    argv += ["--bind", workspace, workspace, "--chdir", workspace, "--clearenv"]
+    argv.append("--clearenv")
     for key, value in sandbox_env(policy.workspace).items():
         argv += ["--setenv", key, value]
     return [*argv, "--", *command]
+
+
+def program_argv(policy: SandboxPolicy, command: str, args: Sequence[str]) -> list[str]:
+    """The bubblewrap command line for a program of the operator's (a stdio MCP server) in the same view,
+    with network. Its program and the files its arguments name are mounted read-only (relative paths made
+    absolute); it runs as ``policy.uid`` when the gateway is root, else in a user namespace; its environment
+    is what its launcher passes (the MCP SDK's minimal one plus the server's configured ``env``), with HOME
+    and TMPDIR in the private /tmp. FileNotFoundError when there is no such program."""
+    program = shutil.which(command)
+    if program is None:  # bubblewrap would only say the connection closed
+        raise FileNotFoundError(f"no such program: {command}")
+    named: list[Path] = []
+    resolved_args: list[str] = []
+    for arg in [program, *args]:
+        path = Path(arg)
+        if not arg.startswith("-") and path.exists():
+            path = Path(os.path.abspath(path))  # not resolved: a virtualenv's python must stay a link into it
+            named.append(path if path.is_dir() else path.parent)
+            arg = str(path)
+        resolved_args.append(arg)
+    argv = _view(policy, network=True, read_only=[p for p in named if not _is_system(p)])
+    argv += ["--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp"]
+    if os.geteuid() == 0:  # as the worker does: bubblewrap keeps only the right to switch, then we switch
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
+                 sys.executable, "-I", "-m", "tools.sandbox.drop", str(policy.uid)]
+    else:
+        argv.append("--unshare-user")
+    return [*argv, "--", *resolved_args]
+
+
+def _is_system(path: Path) -> bool:
+    return any(path.is_relative_to(d) for d in _SYSTEM_DIRS)
 
 
 def _runs(argv: list[str], **kwargs: object) -> str | None:

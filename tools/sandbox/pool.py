@@ -18,14 +18,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tools.registry import ToolEntry, tool_error
-from tools.sandbox.policy import Isolation, SandboxPolicy, bwrap_argv, sandbox_env, worker_command
+from tools.sandbox.policy import Isolation, SandboxPolicy, bwrap_argv, program_argv, sandbox_env, worker_command
 from tools.sandbox.protocol import ProtocolError, read_frame, write_frame
 from tools.sandbox.settings import ToolSettings
 
@@ -213,11 +213,17 @@ class SandboxPool:
             timeout = max(timeout, float(own) + _TIMEOUT_GRACE_SECONDS)
         return min(timeout, _MAX_CALL_SECONDS)
 
+    def program_launcher(self) -> Callable[[str, Sequence[str]], list[str]] | None:
+        """How to start an operator's program (a stdio MCP server) under the same rules; None without
+        bubblewrap (it then runs as the gateway's user, with the minimal environment its launcher gives)."""
+        return functools.partial(program_argv, self.policy) if self.isolation.level == "bwrap" else None
+
     # -- workers ----------------------------------------------------------------
 
     def start(self) -> None:
         """Start one worker of each kind in the background, so the first calls need not wait for one."""
         if self.isolation.level in ("bwrap", "uid"):
+            self._prepare_workspace()  # before anything sandboxed starts (stdio MCP servers write there too)
             for network in (False, True):
                 self._spawn_soon(network)
 

@@ -36,7 +36,7 @@ def _private_pipes() -> tuple[int, int]:
     return requests, answers
 
 
-def _drop_privileges(uid: int | None, gid: int | None) -> None:
+def drop_privileges(uid: int | None, gid: int | None) -> None:
     """Become ``uid``/``gid`` with no supplementary groups (only when started as root); every capability
     goes with the switch, and no_new_privs (set by bubblewrap) keeps them from coming back."""
     if uid is None or os.getuid() != 0:
@@ -101,7 +101,7 @@ def serve() -> int:
     plugins = setup.get("plugins") or {}
     directory = plugins.get("dir")
     load_plugins(Path(directory) if directory else None, entry_points=bool(plugins.get("entry_points")))
-    _drop_privileges(setup.get("uid"), setup.get("gid"))
+    drop_privileges(setup.get("uid"), setup.get("gid"))
     ToolSettings.from_dict(setup.get("settings") or {}).apply()
     write_frame(answers, {"ready": True, "pid": os.getpid(), "tools": registry.tool_names()})
     while True:
