@@ -20,7 +20,7 @@ from gateway.session import SessionLanes, session_key
 from gateway.sim.model_server import last_user_text, rules, tool_call
 from platforms.base import MessageEvent, SessionSource
 from tests.conftest import WEBHOOK_SECRET, GatewayFactory, Harness
-from tools.registry import registry
+from tools.registry import ISOLATION_PROCESS, registry
 from toolsets import TOOLSETS, create_custom_toolset
 
 _LABEL = re.compile(r"\b([a-z]+)-\d+\b")
@@ -224,7 +224,8 @@ def slow_tool() -> Iterator[_SlowTool]:
     tool = _SlowTool()
     schema = {"name": tool.name, "description": "Wait a long time.",
               "parameters": {"type": "object", "properties": {}}}
-    assert registry.register(tool.name, tool.toolset, schema, tool.handler)
+    # In the gateway's process: the handler shares its events with the test.
+    assert registry.register(tool.name, tool.toolset, schema, tool.handler, isolation=ISOLATION_PROCESS)
     create_custom_toolset(tool.toolset, "A slow tool for tests.", [tool.name])
     yield tool
     registry.deregister(tool.name)

@@ -80,8 +80,9 @@ class _Loop:
 
 def _call(request: dict[str, Any]) -> str:
     entry = registry.get(str(request.get("tool")))
-    if entry is None:
-        return tool_error(f"Unknown tool: {request.get('tool')}")
+    if entry is None:  # registered in the gateway at run time, where no worker can see it
+        return tool_error(f"{request.get('tool')} is not known to the sandbox: a sandboxed tool must come from a "
+                          "tools module or a plugin, or register with isolation='process'")
     _limit_cpu(float(request["cpu_seconds"]))
     return registry.run_here(entry, request.get("args") or {}, request.get("ctx") or {})
 
