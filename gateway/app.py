@@ -112,6 +112,8 @@ class Gateway:
         tool_settings(cfg).apply()
         # Probes the machine (a short subprocess); the workers then start in the background.
         self.sandbox = await asyncio.to_thread(start_sandbox, cfg)
+        if self.sandbox is not None:
+            self.metrics.watch_sandbox(self.sandbox.stats)
         if cfg.mcp_servers:
             # Imported only when configured: the MCP SDK costs ~18 MiB and 1-3 s of start-up.
             from gateway.mcp_service import McpService

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 # Loop lag: steps of 1, 1.5, 2, 3, 5, 7 per decade from 0.1 ms to 1 s (a percentile lies within a bucket at most
@@ -49,6 +54,30 @@ class Metrics:
         self.cron_fire_lag = Histogram("hermes_cron_fire_lag_seconds", "Scheduled fire time to claimed fire",
                                        buckets=_LATENCY_BUCKETS, registry=r)
 
+    def watch_sandbox(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the tool sandbox's counters (``SandboxPool.stats``), read at every scrape."""
+        self.registry.register(_SandboxCollector(stats))
+
     def render(self) -> bytes:
         """Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+class _SandboxCollector(Collector):
+    """The sandbox pool keeps its own counts (it lives below the gateway); this reads them at scrape time."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        calls = CounterMetricFamily("hermes_sandbox_calls", "Sandboxed tool calls by outcome", labels=["outcome"])
+        for outcome, count in sorted(stats["calls"].items()):
+            calls.add_metric([outcome], count)
+        yield calls
+        yield CounterMetricFamily("hermes_sandbox_workers_started", "Sandbox workers started",
+                                  value=stats["started"])
+        yield CounterMetricFamily("hermes_sandbox_workers_killed", "Sandbox workers killed at a limit or cancel",
+                                  value=stats["killed"])
+        yield GaugeMetricFamily("hermes_sandbox_workers_idle", "Sandbox workers waiting for a call",
+                                value=stats["idle"])

@@ -9,6 +9,7 @@ background; the call returns a tool error saying which limit ended it, and is no
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -166,6 +167,7 @@ class SandboxPool:
         self._spawners: set[threading.Thread] = set()
         self.started_workers = 0
         self.killed_workers = 0
+        self._outcomes: collections.Counter[str] = collections.Counter()
 
     # -- SandboxRunner --------------------------------------------------------
 
@@ -183,6 +185,7 @@ class SandboxPool:
         try:
             worker = self._acquire(network)
         except SandboxError as exc:
+            self._count("no_worker")
             return tool_error(f"{entry.name}: {exc}")
         request = {"tool": entry.name, "args": args, "ctx": _plain_ctx(ctx), "cpu_seconds": self.limits.cpu_seconds}
         alive = False
@@ -190,9 +193,12 @@ class SandboxPool:
             answer = worker.call(request, time.monotonic() + timeout, cancel)
             if answer is None:
                 if cancel is not None and cancel.is_set():
+                    self._count("cancelled")
                     return tool_error(f"{entry.name}: cancelled (the run was stopped); its sandbox was killed")
+                self._count("timeout")
                 return tool_error(f"{entry.name}: timed out after {timeout:g} s; its sandbox was killed")
             alive = True
+            self._count("ok")
             return str(answer.get("result", "")) if isinstance(answer, dict) else tool_error(
                 f"{entry.name}: the sandbox answered something that is not a result")
         except ProtocolError:
@@ -200,10 +206,15 @@ class SandboxPool:
             what = exit_text(worker.proc.returncode)
             if "CPU" in what:
                 what = f"{what} ({self.limits.cpu_seconds:g} s)"
+            self._count("cpu_limit" if "CPU" in what else "died")
             logger.warning("sandbox worker %d running %s: %s", worker.pid, entry.name, what)
             return tool_error(f"{entry.name}: {what}; the sandbox was replaced")
         finally:
             self._release(worker, alive)
+
+    def _count(self, outcome: str) -> None:
+        with self._cond:
+            self._outcomes[outcome] += 1
 
     def _timeout_for(self, entry: ToolEntry, args: Mapping[str, Any]) -> float:
         timeout = self.limits.timeout
@@ -361,8 +372,10 @@ class SandboxPool:
             thread.join(timeout=START_TIMEOUT_SECONDS)
         self._launcher.shutdown(wait=False)
 
-    def stats(self) -> dict[str, int]:
-        """Workers started and killed so far, and how many are idle now."""
+    def stats(self) -> dict[str, Any]:
+        """Workers started, killed and idle now, and calls by outcome (ok, timeout, cpu_limit, died, cancelled,
+        no_worker)."""
         with self._cond:
             idle = len(self._idle[False]) + len(self._idle[True])
-        return {"started": self.started_workers, "killed": self.killed_workers, "idle": idle}
+            return {"started": self.started_workers, "killed": self.killed_workers, "idle": idle,
+                    "calls": dict(self._outcomes)}
