@@ -286,7 +286,8 @@ class SandboxPool:
         except SandboxError:
             worker.kill()
             raise
-        self.started_workers += 1
+        with self._cond:
+            self.started_workers += 1
         return worker
 
     def _acquire(self, network: bool) -> _Worker:
@@ -316,8 +317,8 @@ class SandboxPool:
     def _release(self, worker: _Worker, alive: bool) -> None:
         if not alive:
             worker.kill()
-            self.killed_workers += 1
         with self._cond:
+            self.killed_workers += not alive
             self._busy.discard(worker)
             if alive and not self._closed:
                 self._idle[worker.network].append(worker)
