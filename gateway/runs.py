@@ -127,6 +127,13 @@ class _StreamPreview:
         self._inflight = asyncio.create_task(self._push(self._clip(text) + " ▍"))
 
     async def _push(self, text: str) -> None:
+        # The preview reaches the platform: redact it, and hold back a tail that may be the start of a secret
+        # still streaming in (the marks update() appends, cursor and clip, are set aside for that).
+        marks = ""
+        for mark in (" ▍", " …"):
+            if text.endswith(mark):
+                text, marks = text.removesuffix(mark), mark + marks
+        text = redactor.redact_unfinished(text) + marks
         meta = {"thread_id": self.target.thread_id} if self.target.thread_id else {}
         try:
             if self.message_id is None:
@@ -276,10 +283,15 @@ class RunExecutor:
                     raise ModelError(refusal, "user budget exceeded")
                 outcome = await self.agent.run(messages, plan, tool_ctx, on_text=preview.update if preview else None,
                                                cancel=cancel, budget=budget)
-                done.result = outcome.text or "(the model returned an empty answer)"
+                # The answer is delivered and the transcript stored (and shown to the model again): neither may
+                # carry a secret the model (or the user) echoed, plain or encoded.
+                done.result = redactor(outcome.text or "(the model returned an empty answer)")
                 done.tool_calls, done.model_calls = outcome.tool_calls, outcome.model_calls
                 done.model_seconds = outcome.model_seconds
                 done.transcript = [ChatMessage("user", e.text), *outcome.transcript]
+                for message in done.transcript:
+                    if message.content:
+                        message.content = redactor(message.content)
             except ModelError as exc:
                 logger.warning("run %s: model error: %s", job.run_id, exc)
                 done.status, done.error, done.result = "failed", redactor(str(exc)), exc.user_message
