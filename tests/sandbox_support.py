@@ -97,12 +97,13 @@ def descendant_processes(uid: int, ancestor: int | None = None) -> list[int]:
     return found
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds (a hang guard)."""
+def wait_until(condition: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` (text, or a function giving it when it fails)
+    after ``timeout`` seconds (a hang guard)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting until {what}")
+            pytest.fail(f"timed out after {timeout:g} s waiting until {what() if callable(what) else what}")
         time.sleep(0.05)
 
 

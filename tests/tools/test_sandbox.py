@@ -83,7 +83,7 @@ class Sandboxes:
     def plugins_dir(self) -> Path:
         return self.tmp / "plugins"
 
-    def start(self, limits: SandboxLimits | None = None, **kwargs: Any) -> SandboxPool:
+    def start(self, limits: SandboxLimits | None = None, *, max_workers: int = 2, **kwargs: Any) -> SandboxPool:
         if self.plugins is None:
             for name, source in PLUGINS.items():
                 write_plugin(self.plugins_dir, name, source)
@@ -94,7 +94,7 @@ class Sandboxes:
         isolation = detect("bwrap", policy)
         assert isolation.level == "bwrap", isolation.reason
         pool = SandboxPool(isolation, policy, limits or SandboxLimits(timeout=30), plugins_dir=self.plugins_dir,
-                           plugin_entry_points=False, max_workers=2, **kwargs)
+                           plugin_entry_points=False, max_workers=max_workers, **kwargs)
         self.pools.append(pool)
         pool.start()
         registry.sandbox = pool
@@ -126,6 +126,14 @@ def sandboxes(tmp_path: Path) -> Iterator[Sandboxes]:
             pool.close()
         if box.plugins is not None:
             box.plugins.unload()
+
+
+def _commands(pids: list[int]) -> list[str]:
+    names = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            names.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:60].strip())
+    return names
 
 
 def _error(result: str) -> str:
@@ -356,6 +364,23 @@ def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(sandboxes: Sandboxes
         wait_until(lambda: len(descendant_processes(NOBODY)) == pool.stats()["idle"] > 0, HANG_GUARD,
                    "only idle workers are left")
     assert sandboxes.terminal("echo after the bomb") == {"exit_code": 0, "output": "after the bomb\n"}
+
+
+def test_processes_a_call_leaves_behind_do_not_outlive_it(sandboxes: Sandboxes) -> None:
+    """Workers are long-lived and serve every session: whatever one call starts must end with it, or a later
+    call (another user's) shares its PID namespace with it (same uid: its /proc, its pipes)."""
+    if os.geteuid() != 0:
+        pytest.skip("counts the processes of the sandbox's user, which it has only when the gateway runs as root")
+    pool = sandboxes.start(SandboxLimits(timeout=30), max_workers=1)
+    detached = sandboxes.terminal("sleep 300 > /dev/null 2>&1 & echo detached")
+    assert detached == {"exit_code": 0, "output": "detached\n"}
+    escaped = json.loads(sandboxes.call("terminal", {"command": "setsid sleep 301 > /dev/null 2>&1 & sleep 60",
+                                                     "timeout": 1}))
+    assert "timed out" in escaped["error"]
+    wait_until(lambda: len(descendant_processes(NOBODY)) == pool.stats()["idle"], 10,
+               lambda: f"only idle workers are left ({_commands(descendant_processes(NOBODY))} for "
+                       f"{pool.stats()['idle']} idle workers)")
+    assert "sleep" not in sandboxes.terminal("ps -eo comm")["output"]
 
 
 def test_the_runs_cancel_event_ends_a_call(sandboxes: Sandboxes) -> None:
