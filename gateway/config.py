@@ -323,6 +323,8 @@ class GatewaySettings(_Section):
     busy: Literal["queue", "interrupt"] = "queue"
     max_concurrent_runs: int = Field(64, ge=1)
     max_concurrent_webhook_runs: int = Field(16, ge=1)
+    # A run the gateway stopped during this many times is failed (its user told once), not started again.
+    max_run_attempts: int = Field(2, ge=1)
     tool_threads: int = Field(32, ge=1)
     stream_edit_interval: float = Field(1.0, gt=0)
     typing_delay: float = Field(1.0, ge=0)

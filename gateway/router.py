@@ -196,7 +196,8 @@ class Router:
             self.outbox.submit(await notify_approved(self.store, result.code) or [])
         return result.message
 
-    def _submit(self, job: RunJob) -> None:
+    def _submit(self, job: RunJob, *, started_before: bool = False) -> None:
+        """Queue a run on its session. ``started_before``: a run picked up after a stop (it may be given up)."""
         interrupt = self.cfg.gateway.busy == "interrupt" and job.kind == "chat"
         stopped_here = interrupt and self._stop_here(job.session_key)
         if interrupt and not stopped_here and not self.coordinator.sole:  # it may run on another replica
@@ -205,7 +206,7 @@ class Router:
             self._drive_soon(job.session_key, job if job.kind == "webhook" else None)  # webhook: its own session
             return
 
-        self.lanes.submit(job.session_key, lambda: self._run_job(job.session_key, job))
+        self.lanes.submit(job.session_key, lambda: self._run_job(job.session_key, job, started_before))
 
     async def resume(self) -> int:
         """Re-queue every accepted event that did not finish (after a crash or restart); with a shared
@@ -219,7 +220,7 @@ class Router:
             if row.kind == "command":
                 await self._resume_command(row)
             else:
-                self._submit(self._job(row))
+                self._submit(self._job(row), started_before=row.status == "running")
         if rows:
             logger.info("resumed %d unfinished events", len(rows))
         return len(rows)
@@ -263,7 +264,7 @@ class Router:
                         logger.error("inbox event %s of session %s did not finish; retrying later", row.id, key)
                         return
                     last = row.id
-                    await self._run_job(key, self._job(row))
+                    await self._run_job(key, self._job(row), row.status == "running")
             finally:
                 await self.coordinator.unlock(f"session:{key}")
         finally:
@@ -272,7 +273,11 @@ class Router:
         if own is None and not self.closing and await self.store.next_run_event(key) is not None:
             self._drive_soon(key)
 
-    async def _run_job(self, key: str, job: RunJob) -> None:
+    async def _run_job(self, key: str, job: RunJob, started_before: bool = False) -> None:
+        """Run the job; one that was started before and interrupted by stops of the gateway
+        ``gateway.max_run_attempts`` times is given up instead (recorded as failed, its user told once)."""
+        if started_before and await self.executor.give_up_if_exhausted(job):
+            return
         self._running[key] = job.run_id
         try:
             await self.executor.execute(job)

@@ -336,3 +336,37 @@ class RunExecutor:
                            text=chunk, thread_id=target.thread_id, reply_to=target.reply_to if i == 0 else None,
                            edit_message_id=preview_id if i == 0 else None, part_index=i, parts_total=len(chunks),
                            run_id=job.run_id, lane=lane) for i, chunk in enumerate(chunks)]
+
+    async def give_up_if_exhausted(self, job: RunJob) -> bool:
+        """Before an unfinished run is started again: when the gateway stopped during each of its
+        ``gateway.max_run_attempts`` starts (a message whose run kills the process), record it as failed and
+        tell its target once, in one transaction, instead of crash-looping on it. False: start it as usual."""
+        deliver = job.target is not None
+        if deliver and job.kind == "cron" and self.cron_hook is not None:
+            probe = RunCompletion(job.run_id, job.inbox_id, "failed", session_key=job.session_key)
+            deliver = await self.cron_hook.should_deliver(job, probe)
+        recorded: list[RunCompletion] = []
+
+        def completion(attempts: int) -> RunCompletion:
+            times = {1: "", 2: " twice"}.get(attempts, f" {attempts} times")
+            notice = (f"I couldn't finish answering your message: the gateway stopped while working on it{times}. "
+                      "It was skipped; please try again or rephrase.")
+            error = (f"gave up after {attempts} attempt{'s' if attempts > 1 else ''}: "
+                     f"the gateway stopped during {'each' if attempts > 1 else 'it'}")
+            done = RunCompletion(job.run_id, job.inbox_id, "failed", result=notice, error=error,
+                                 session_key=job.session_key,
+                                 deliveries=self._parts(job, notice, None) if deliver else [])
+            recorded[:] = [done]
+            return done
+
+        stored = await self.store.give_up_run(job.run_id, self.cfg.gateway.max_run_attempts, completion,
+                                              self.outbox.claim)
+        if stored is None:
+            return False
+        done = recorded[0]
+        logger.error("run %s (%s %s) %s; not starting it again", job.run_id, job.kind, job.source, done.error)
+        self.outbox.submit(stored)
+        self.metrics.runs.labels(job.kind, "failed").inc()
+        if job.kind == "cron" and self.cron_hook is not None:
+            await self.cron_hook.run_finished(job, done, deliver)
+        return True

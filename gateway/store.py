@@ -12,7 +12,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -350,6 +350,9 @@ _RUN_FINISH = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"), runs_t
                        model_calls=sa.bindparam("b_model_calls"), model_seconds=sa.bindparam("b_model_seconds"),
                        finished_at=sa.bindparam("b_now")))
 _RUN_BY_ID = sa.select(runs_t).where(runs_t.c.id == sa.bindparam("b_id"))
+_RUN_ATTEMPTS = (sa.select(runs_t.c.attempts)
+                 .where(runs_t.c.id == sa.bindparam("b_id"), runs_t.c.status.not_in(FINAL_RUN_STATES))
+                 .with_for_update())
 _SESSION_EPOCH = sa.select(sessions_t.c.epoch).where(sessions_t.c.key == sa.bindparam("b_key"))
 _HISTORY = (sa.select(messages_t).where(messages_t.c.session_key == sa.bindparam("b_key"),
                                         messages_t.c.epoch == sa.bindparam("b_epoch"))
@@ -475,6 +478,18 @@ def _append_messages(conn: Connection, key: str | None, epoch: int | None, messa
         {"session_key": key, "epoch": epoch, "role": m.role, "content": m.content,
          "tool_calls": _dumps(m.tool_calls) if m.tool_calls else None, "tool_call_id": m.tool_call_id,
          "run_id": run_id, "created_at": now} for m in messages])
+
+
+def _finish_run(conn: Connection, done: RunCompletion, now: float, claim: Claim | None) -> list[OutboxRow] | None:
+    params = {"b_id": done.run_id, "b_status": done.status, "b_result": done.result, "b_error": done.error,
+              "b_tool_calls": _dumps(done.tool_calls), "b_model_calls": done.model_calls,
+              "b_model_seconds": done.model_seconds, "b_now": now}
+    if conn.execute(_RUN_FINISH, params).rowcount == 0:
+        return None
+    if done.inbox_id is not None:
+        conn.execute(_INBOX_STATUS, {"b_id": done.inbox_id, "b_status": "done", "b_now": now})
+    _append_messages(conn, done.session_key, done.epoch, done.transcript, done.run_id, now)
+    return _store_parts(conn, done.deliveries, now, claim, skip_existing=False)
 
 
 def _session_epoch(conn: Connection, ref: SessionRef, now: float) -> int:
@@ -632,17 +647,21 @@ class Store:
         finished, so a resumed run can never deliver twice.
         """
         now = time.time()
-        params = {"b_id": done.run_id, "b_status": done.status, "b_result": done.result, "b_error": done.error,
-                  "b_tool_calls": _dumps(done.tool_calls), "b_model_calls": done.model_calls,
-                  "b_model_seconds": done.model_seconds, "b_now": now}
+        return await self.db.write(lambda conn: _finish_run(conn, done, now, claim), quick=True)
+
+    async def give_up_run(self, run_id: str, max_attempts: int, completion: Callable[[int], RunCompletion],
+                          claim: Claim | None = None) -> list[OutboxRow] | None:
+        """Instead of starting an unfinished run once more, end it when it was started ``max_attempts`` times
+        already: ``completion(attempts)`` (pure; it may be called again if the transaction is) says how, and it is
+        recorded as ``finish_run`` records, in the same transaction as the check. Returns its deliveries as
+        stored, or None (nothing written) when the run may start again or has already finished."""
+        now = time.time()
 
         def work(conn: Connection) -> list[OutboxRow] | None:
-            if conn.execute(_RUN_FINISH, params).rowcount == 0:
+            attempts = conn.execute(_RUN_ATTEMPTS, {"b_id": run_id}).scalar()
+            if attempts is None or attempts < max_attempts:
                 return None
-            if done.inbox_id is not None:
-                conn.execute(_INBOX_STATUS, {"b_id": done.inbox_id, "b_status": "done", "b_now": now})
-            _append_messages(conn, done.session_key, done.epoch, done.transcript, done.run_id, now)
-            return _store_parts(conn, done.deliveries, now, claim, skip_existing=False)
+            return _finish_run(conn, completion(int(attempts)), now, claim)
 
         return await self.db.write(work, quick=True)
 
