@@ -322,7 +322,7 @@ def test_a_hanging_handler_is_killed_at_the_timeout_and_replaced(sandboxes: Sand
     error = _error(sandboxes.call("hang"))
     assert "hang: timed out after 2 s" in error and "killed" in error
     assert (sandboxes.workspace / "hang-started").exists()
-    assert pool.stats()["killed"] == 1
+    assert pool.stats()["killed"] == 1 and pool.stats()["calls"].get("timeout") == 1
     assert json.loads(sandboxes.call("shout", {"text": "again"}))["text"] == "AGAIN!"
     if os.geteuid() == 0:
         wait_until(lambda: len(descendant_processes(NOBODY)) == pool.stats()["idle"], HANG_GUARD,
@@ -333,7 +333,7 @@ def test_a_cpu_spinning_handler_ends_at_the_cpu_limit(sandboxes: Sandboxes) -> N
     pool = sandboxes.start(SandboxLimits(timeout=30, cpu_seconds=1))
     error = _error(sandboxes.call("spin"))
     assert "spin:" in error and "CPU time limit" in error and "(1 s)" in error, error
-    assert pool.stats()["killed"] == 1
+    assert pool.stats()["killed"] == 1 and pool.stats()["calls"].get("cpu_limit") == 1
     assert json.loads(sandboxes.call("shout", {"text": "alive"}))["text"] == "ALIVE!"
 
 
@@ -399,7 +399,54 @@ def test_the_runs_cancel_event_ends_a_call(sandboxes: Sandboxes) -> None:
         caller.join(HANG_GUARD)
     [result] = results
     assert "hang: cancelled" in _error(result)
-    assert pool.stats()["killed"] == 1
+    assert pool.stats()["killed"] == 1 and pool.stats()["calls"].get("cancelled") == 1
+
+
+def test_a_call_waiting_for_a_busy_worker_ends_when_its_run_is_cancelled(sandboxes: Sandboxes) -> None:
+    """/stop must not wait for another run's tool: a call queued behind a busy pool ends on its cancel event."""
+    pool = sandboxes.start(SandboxLimits(timeout=30), max_workers=1)
+    first_cancel, second_cancel = threading.Event(), threading.Event()
+    results: dict[str, str] = {}
+
+    def call(name: str, marker: str, cancel: threading.Event) -> None:
+        results[name] = sandboxes.call("hang", {"marker": marker}, cancel_event=cancel)
+
+    first = threading.Thread(target=call, args=("first", "first-started", first_cancel))
+    second = threading.Thread(target=call, args=("second", "second-started", second_cancel))
+    first.start()
+    try:
+        wait_until((sandboxes.workspace / "first-started").exists, HANG_GUARD, "the first call holds the worker")
+        second.start()
+        second_cancel.set()  # its run is stopped while it waits for the only worker
+        second.join(10)
+        assert not second.is_alive(), "the cancelled call kept waiting for the busy worker"
+        assert "cancelled" in _error(results["second"])
+        assert first.is_alive() and not (sandboxes.workspace / "second-started").exists()
+    finally:
+        first_cancel.set()
+        second_cancel.set()
+        first.join(HANG_GUARD)
+        second.join(HANG_GUARD)
+    assert pool.stats()["calls"].get("cancelled") == 2
+
+
+def test_a_tools_own_timeout_extends_the_wall_clock(sandboxes: Sandboxes) -> None:
+    pool = sandboxes.start(SandboxLimits(timeout=1))
+    # The terminal's own timeout (3 s) wins over the pool's 1 s: the tool reports it, and its worker lives on.
+    result = json.loads(sandboxes.call("terminal", {"command": "sleep 60", "timeout": 3}))
+    assert result["error"].startswith("command timed out after 3s"), result
+    assert pool.stats()["killed"] == 0
+    # A tool without a timeout parameter gets the pool's limit whatever it is passed.
+    assert "hang: timed out after 1 s" in _error(sandboxes.call("hang", {"timeout": 60}))
+
+
+def test_file_size_and_open_file_limits(sandboxes: Sandboxes) -> None:
+    sandboxes.start(SandboxLimits(timeout=30, file_size_mb=1, open_files=32))
+    big = sandboxes.terminal("head -c 3000000 /dev/zero > big.bin; echo status $?")
+    assert "status 0" not in big["output"], big
+    assert (sandboxes.workspace / "big.bin").stat().st_size <= 1024 * 1024
+    files = sandboxes.terminal("python3 -c \"import tempfile; [tempfile.TemporaryFile() for _ in range(64)]\" 2>&1")
+    assert files["exit_code"] != 0 and "Too many open files" in files["output"], files
 
 
 # -- detection and refusal -----------------------------------------------------------------------------------
