@@ -25,7 +25,7 @@ from gateway.config import load_config
 from gateway.sim.model_server import ScriptedModel, rules, tool_call, tool_calls
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
 from gateway.store import RunRow, ToolStateStore
-from tests.sandbox_support import BACKTRACK, leaks, require_bwrap, write_plugin
+from tests.sandbox_support import BACKTRACK, HANG, descendant_processes, leaks, require_bwrap, write_plugin
 from tools.sandbox.policy import NOBODY
 
 ALICE = DEFAULT_USER_ID
@@ -260,6 +260,30 @@ async def test_a_gil_holding_tool_in_one_chat_does_not_delay_another(world: Worl
     await _poll(lambda: bool(_bot_texts(world.sim, ALICE)), "Alice's answer arrives")
     sends = [c for c in world.sim.calls if c.method == "sendMessage"]
     assert [int(c.params["chat_id"]) for c in sends] == [BOB, ALICE]
+
+
+async def test_stop_ends_a_sandboxed_call_and_shutdown_does_not_wait_for_one(world: World) -> None:
+    plugins = world.home / "plugins"
+    write_plugin(plugins, "hang", HANG)
+    world.model.responder = rules((r"sleep", lambda m, request: tool_call("hang", {"marker": m.string.split()[-1]})))
+    gateway = await world.start(plugins={"dir": str(plugins), "entry_points": False},
+                                toolsets={"telegram": ["hermes-telegram", "plugin-hang"]},
+                                tools={"limits": {"timeout": 600}})
+    world.sim.user_sends("please sleep alice-started", user_id=ALICE)
+    await _poll((world.workspace / "alice-started").exists, "Alice's tool is running")
+    world.sim.user_sends("/stop", user_id=ALICE)
+    run = await world.finished_run(gateway, "please sleep alice-started")
+    assert run.status == "cancelled", run
+    assert gateway.sandbox is not None
+    await _poll(lambda: gateway.sandbox.stats()["calls"].get("cancelled") == 1, "the pool counts the cancel")
+
+    # A call still running at shutdown: the gateway stops without waiting for its 600 s, killing the worker.
+    world.sim.user_sends("please sleep bob-started", user_id=BOB)
+    await _poll((world.workspace / "bob-started").exists, "Bob's tool is running")
+    await asyncio.wait_for(gateway.stop(drain_timeout=1), HANG_GUARD)
+    world.gateways.remove(gateway)
+    if os.geteuid() == 0:  # nothing of the sandbox outlives the gateway
+        await _poll(lambda: descendant_processes(NOBODY) == [], "every sandboxed process is gone", timeout=10)
 
 
 # -- (3) patterns and pages that backtrack -------------------------------------------------------------------
