@@ -327,10 +327,10 @@ async def test_backtracking_patterns_and_pages_give_results_while_other_chats_ar
 
 # -- (4) operators see the isolation; without one, the tools are not offered -----------------------------------
 
-def _check(tmp_path: Path, tools: Mapping[str, Any] | None, path_env: str | None = None
-           ) -> subprocess.CompletedProcess[str]:
+def _check(tmp_path: Path, tools: Mapping[str, Any] | None, path_env: str | None = None,
+           **sections: Any) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"tools": dict(tools)} if tools else {}))
+    config.write_text(yaml.safe_dump({**({"tools": dict(tools)} if tools else {}), **sections}))
     env = {**os.environ, "HERMES_GATEWAY_HOME": str(tmp_path)}
     if path_env is not None:
         env["PATH"] = path_env
@@ -353,6 +353,10 @@ def test_check_prints_the_tool_sandbox_level(tmp_path: Path) -> None:
     assert missing.startswith("tool sandbox: unavailable: bubblewrap is not installed"), missing
     assert "tools.sandbox: none" in missing  # the way out is named
     assert _sandbox_line(_check(tmp_path, {"sandbox": "none"})).startswith("tool sandbox: none: ")
+    # A workspace that would put the gateway's own files in the tools' reach is a config error, in any mode.
+    exposed = _check(tmp_path, {"sandbox": "none"}, gateway={"workspace": str(tmp_path)})
+    assert exposed.returncode == 2 and "gateway.workspace" in exposed.stderr, exposed.stderr
+    assert f"{tmp_path} holds the gateway's own files" in exposed.stderr and "Traceback" not in exposed.stderr
 
 
 SANDBOXED_TOOLS = {"terminal", "read_file", "write_file", "patch", "search_files", "web_extract"}
