@@ -23,7 +23,7 @@ _Regex = re2._Regexp  # google-re2 has no public name for a compiled pattern
 
 def _re2(pattern: str, *, longest: bool = False) -> _Regex:
     options = re2.Options()
-    options.max_mem = 64 << 20  # room for the alternation of every secret's forms
+    options.max_mem = 64 << 20  # room for a batch of secrets' forms, and for its DFA
     options.log_errors = False
     options.longest_match = longest
     return re2.compile(pattern, options)
