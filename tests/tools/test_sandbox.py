@@ -302,7 +302,7 @@ async def test_a_network_tool_reaches_a_server_while_terminal_does_not(sandboxes
         # The pool blocks its caller (a tool thread in the gateway): keep this loop free to serve the page.
         result = json.loads(await asyncio.to_thread(sandboxes.call, "web_extract",
                                                     {"urls": [f"http://127.0.0.1:{port}/page"]}))
-        [fetched] = result if isinstance(result, list) else result["results"]
+        [fetched] = result  # one result per URL
         assert fetched["status"] == 200 and fetched["title"] == "Local page", fetched
         assert "reached from the sandbox" in fetched["content"]
         assert len(seen) == 1
