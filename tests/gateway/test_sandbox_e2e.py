@@ -227,7 +227,7 @@ async def test_no_secret_of_the_gateway_reaches_a_tool_the_store_or_the_chat(wor
 
 async def test_the_same_probes_find_secrets_without_the_sandbox(world: World) -> None:
     """The contrast that shows the probes and the check can find a leak: with ``tools.sandbox: none`` the
-    terminal runs in the gateway, reads its environment and files, and only the redactor stands in the way."""
+    terminal runs in the gateway as its user and reads its files; only the redactor stands in the way."""
     probe = await _probe(world, tools={"sandbox": "none"})
     leaked = {name for name, where in probe.found if where == "tool results"}
     # Not in the config, so unknown to the redactor: the state database and a file beside it.
