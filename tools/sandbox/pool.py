@@ -56,6 +56,10 @@ class SandboxError(Exception):
     """A worker could not be started."""
 
 
+class _Cancelled(SandboxError):
+    """The run was stopped while its call waited for a worker."""
+
+
 class _Worker:
     """One sandboxed interpreter serving calls over its stdin/stdout."""
 
@@ -183,7 +187,10 @@ class SandboxPool:
         timeout = self._timeout_for(entry, args)
         cancel = ctx.get("cancel_event")
         try:
-            worker = self._acquire(network)
+            worker = self._acquire(network, cancel)
+        except _Cancelled:
+            self._count("cancelled")
+            return tool_error(f"{entry.name}: cancelled (the run was stopped) while waiting for a sandbox")
         except SandboxError as exc:
             self._count("no_worker")
             return tool_error(f"{entry.name}: {exc}")
@@ -258,6 +265,7 @@ class SandboxPool:
     def _setup(self) -> dict[str, Any]:
         drop = self._as_root and self.isolation.level == "bwrap"
         return {"uid": self.policy.uid if drop else None, "gid": self.policy.uid if drop else None,
+                "own_pid_namespace": self.isolation.level == "bwrap",
                 "limits": asdict(self.limits), "settings": self.settings.to_dict(),
                 "plugins": {"dir": str(self.plugins_dir) if self.plugins_dir else None,
                             "entry_points": self.plugin_entry_points}}
@@ -290,11 +298,15 @@ class SandboxPool:
             self.started_workers += 1
         return worker
 
-    def _acquire(self, network: bool) -> _Worker:
+    def _acquire(self, network: bool, cancel: threading.Event | None = None) -> _Worker:
+        """An idle worker, a new one while under ``max_workers``, or the next one released; _Cancelled when
+        ``cancel`` is set first."""
         with self._cond:
             while True:
                 if self._closed:
                     raise SandboxError("the sandbox is shut down")
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled
                 if self._idle[network]:
                     worker = self._idle[network].pop()
                     self._busy.add(worker)
@@ -302,7 +314,7 @@ class SandboxPool:
                 if self._live[network] < self.max_workers:
                     self._live[network] += 1
                     break
-                self._cond.wait()
+                self._cond.wait(_POLL_SECONDS if cancel is not None else None)
         try:
             worker = self._new_worker(network)
         except (OSError, SandboxError) as exc:

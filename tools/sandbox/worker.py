@@ -10,8 +10,10 @@ to stderr: stdout is moved to a private descriptor that only carries frames.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
+import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -78,6 +80,37 @@ class _Loop:
         return self.loop.run_until_complete(coro)
 
 
+def _reap_leftovers(own_pid_namespace: bool) -> None:
+    """End every process a call left behind (``cmd &``, ``setsid``, a daemon): a worker serves many runs, and
+    the next call, maybe another user's, must not share its namespace with them. In its own PID namespace
+    that is everything but this worker and bubblewrap's init; otherwise this worker's descendants."""
+    me = os.getpid()
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (me, 1):
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                parents[int(name)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # already gone
+    if own_pid_namespace:
+        doomed = list(parents)
+    else:
+        family, grew = {me}, True
+        while grew:
+            grown = {pid for pid, parent in parents.items() if parent in family} - family
+            family |= grown
+            grew = bool(grown)
+        doomed = sorted(family - {me})
+    for pid in doomed:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in doomed:  # reap our own children; the rest are init's to reap
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
 def _call(request: dict[str, Any]) -> str:
     entry = registry.get(str(request.get("tool")))
     if entry is None:  # registered in the gateway at run time, where no worker can see it
@@ -114,6 +147,7 @@ def serve() -> int:
             result = _call(request)
         except MemoryError:
             result = tool_error(f"{request.get('tool')}: out of memory (the sandbox's limit)")
+        _reap_leftovers(bool(setup.get("own_pid_namespace")))
         write_frame(answers, {"result": result})
 
 
