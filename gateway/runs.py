@@ -301,7 +301,13 @@ class RunExecutor:
             done.result = "Something went wrong in the gateway while answering; the error was logged."
         except asyncio.CancelledError:
             if job.run_id not in self._stop_requested:
-                raise  # shutdown: the run stays unfinished and resumes on the next start
+                # Shutdown (or lost locks): the run stays unfinished and resumes on the next start. The gateway
+                # stopped it, not anything the run did, so this attempt does not count against it.
+                try:
+                    await self.store.give_back_attempt(job.run_id)
+                except Exception as exc:  # the attempt then counts: the safe side
+                    logger.warning("run %s: could not give back its attempt: %s", job.run_id, exc)
+                raise
             done.status, done.result, done.error = "cancelled", None, "stopped by user"
         finally:
             if typing is not None:

@@ -353,6 +353,10 @@ _RUN_BY_ID = sa.select(runs_t).where(runs_t.c.id == sa.bindparam("b_id"))
 _RUN_ATTEMPTS = (sa.select(runs_t.c.attempts)
                  .where(runs_t.c.id == sa.bindparam("b_id"), runs_t.c.status.not_in(FINAL_RUN_STATES))
                  .with_for_update())
+_RUN_GIVE_BACK = (runs_t.update()
+                  .where(runs_t.c.id == sa.bindparam("b_id"), runs_t.c.status.not_in(FINAL_RUN_STATES),
+                         runs_t.c.attempts > 0)
+                  .values(attempts=runs_t.c.attempts - 1))
 _SESSION_EPOCH = sa.select(sessions_t.c.epoch).where(sessions_t.c.key == sa.bindparam("b_key"))
 _HISTORY = (sa.select(messages_t).where(messages_t.c.session_key == sa.bindparam("b_key"),
                                         messages_t.c.epoch == sa.bindparam("b_epoch"))
@@ -648,6 +652,14 @@ class Store:
         """
         now = time.time()
         return await self.db.write(lambda conn: _finish_run(conn, done, now, claim), quick=True)
+
+    async def give_back_attempt(self, run_id: str) -> None:
+        """Uncount the current attempt of an unfinished run that the gateway itself stopped (a graceful
+        shutdown past the drain timeout): only attempts ended by the process dying count as poison."""
+        def work(conn: Connection) -> None:
+            conn.execute(_RUN_GIVE_BACK, {"b_id": run_id})
+
+        await self.db.write(work, quick=True)
 
     async def give_up_run(self, run_id: str, max_attempts: int, completion: Callable[[int], RunCompletion],
                           claim: Claim | None = None) -> list[OutboxRow] | None:

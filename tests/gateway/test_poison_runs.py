@@ -111,11 +111,22 @@ async def test_give_up_stores_the_notice_with_the_failure_exactly_once(store: St
 # -- the gateway, restarted in this process -----------------------------------------------------------------
 
 
+@pytest.fixture
+def crash_on_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stops in this process play crashes: a dying process runs nothing after its runs are cut off, so the
+    attempt a graceful stop would give back (``Store.give_back_attempt``) stays counted."""
+    async def dies_first(self: Store, run_id: str) -> None:
+        return None
+
+    monkeypatch.setattr(Store, "give_back_attempt", dies_first)
+
+
 async def _metric(h: Any, name: str) -> list[str]:
     async with h.http.get(f"{h.base_url}/metrics") as r:
         return [line for line in (await r.text()).splitlines() if line.startswith(name)]
 
 
+@pytest.mark.usefixtures("crash_on_stop")
 async def test_runs_stopped_twice_are_failed_told_once_and_the_session_goes_on(
         store_url: str, make_gateway: GatewayFactory) -> None:  # the database outlives the gateways
     """Chat, webhook-to-callback and webhook-to-nowhere runs, each cut off by two stops (the gateway stopped
@@ -158,6 +169,7 @@ async def test_runs_stopped_twice_are_failed_told_once_and_the_session_goes_on(
         'hermes_runs_total{kind="webhook",status="failed"} 2.0']
 
 
+@pytest.mark.usefixtures("crash_on_stop")
 async def test_a_run_stopped_once_is_started_again_and_completes(make_gateway: GatewayFactory) -> None:
     h = await make_gateway()
     h.model.hang_next(1)
@@ -171,6 +183,22 @@ async def test_a_run_stopped_once_is_started_again_and_completes(make_gateway: G
     await h.chat.wait_for(lambda: h.chat.final_texts() == ["Echo: question"])
 
 
+async def test_a_graceful_stop_does_not_count_an_attempt(make_gateway: GatewayFactory) -> None:
+    """A shutdown past the drain timeout cuts a run off, but the run did nothing wrong: even with
+    max_run_attempts 1 it is started again after the restart, and its attempt count says one."""
+    h = await make_gateway({"gateway": {"max_run_attempts": 1}})
+    h.model.hang_next(1)
+    accepted = await h.chat.user_says("question")
+    await h.model.wait_for_requests(1, timeout=10)
+    await h.gateway.stop(drain_timeout=0)
+
+    h = await make_gateway({"gateway": {"max_run_attempts": 1}})
+    run = await h.wait_run(accepted.run_id)
+    assert (run["status"], run["attempts"]) == ("completed", 1)
+    await h.chat.wait_for(lambda: h.chat.final_texts() == ["Echo: question"])
+
+
+@pytest.mark.usefixtures("crash_on_stop")
 async def test_max_run_attempts_one_gives_up_after_the_first_stop(make_gateway: GatewayFactory) -> None:
     h = await make_gateway({"gateway": {"max_run_attempts": 1}})
     h.model.hang_next(1)
