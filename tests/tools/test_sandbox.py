@@ -486,3 +486,12 @@ def test_an_unavailable_sandbox_refuses_sandboxed_tools_without_running_them(tmp
     assert tools.dispatch("own_state", {}) == "own_state ran"
     assert ran == ["own_state"]
     assert not (tmp_path / "workspace").exists()  # nothing was started for it
+
+
+def test_private_tmp_is_emptied_between_calls(sandboxes: Sandboxes) -> None:
+    """Workers serve every session: what one call leaves in /tmp (HOME) is gone before the next call."""
+    sandboxes.start(SandboxLimits(timeout=30), max_workers=1)
+    assert sandboxes.terminal("echo from-session-a > /tmp/left.txt && mkdir -p ~/.cache/x && echo ok")["output"] \
+        == "ok\n"
+    later = sandboxes.terminal("ls -A /tmp; cat /tmp/left.txt")
+    assert later == {"exit_code": 1, "output": "cat: /tmp/left.txt: No such file or directory\n"}  # ls: nothing

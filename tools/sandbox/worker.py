@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import sys
 from collections.abc import Coroutine
@@ -111,6 +112,16 @@ def _reap_leftovers(own_pid_namespace: bool) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
+def _clear_tmp() -> None:
+    """Empty the private /tmp (and so HOME): what one call leaves there is not the next call's to read."""
+    for entry in os.scandir("/tmp"):
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+
+
 def _call(request: dict[str, Any]) -> str:
     entry = registry.get(str(request.get("tool")))
     if entry is None:  # registered in the gateway at run time, where no worker can see it
@@ -147,7 +158,10 @@ def serve() -> int:
             result = _call(request)
         except MemoryError:
             result = tool_error(f"{request.get('tool')}: out of memory (the sandbox's limit)")
-        _reap_leftovers(bool(setup.get("own_pid_namespace")))
+        isolated = bool(setup.get("own_pid_namespace"))  # bubblewrap: its own PID namespace and /tmp
+        _reap_leftovers(isolated)
+        if isolated:
+            _clear_tmp()
         write_frame(answers, {"result": result})
 
 
