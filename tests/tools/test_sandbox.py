@@ -493,5 +493,10 @@ def test_private_tmp_is_emptied_between_calls(sandboxes: Sandboxes) -> None:
     sandboxes.start(SandboxLimits(timeout=30), max_workers=1)
     assert sandboxes.terminal("echo from-session-a > /tmp/left.txt && mkdir -p ~/.cache/x && echo ok")["output"] \
         == "ok\n"
-    later = sandboxes.terminal("ls -A /tmp; cat /tmp/left.txt")
-    assert later == {"exit_code": 1, "output": "cat: /tmp/left.txt: No such file or directory\n"}  # ls: nothing
+    assert sandboxes.terminal("cat /tmp/left.txt") == {"exit_code": 1,
+                                                       "output": "cat: /tmp/left.txt: No such file or directory\n"}
+    mount_holder = [sandboxes.workspace.parts[2]] if sandboxes.workspace.is_relative_to("/tmp") else []
+    assert sandboxes.terminal("ls -A /tmp")["output"].split() == mount_holder  # HOME is /tmp: no ~/.cache
+    # The workspace survives (here it sits under /tmp: the directory holding its mount point is kept).
+    assert (sandboxes.workspace / "kept.txt").write_text("kept") and sandboxes.terminal("cat kept.txt")["output"] \
+        == "kept"

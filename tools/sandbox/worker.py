@@ -113,8 +113,14 @@ def _reap_leftovers(own_pid_namespace: bool) -> None:
 
 
 def _clear_tmp() -> None:
-    """Empty the private /tmp (and so HOME): what one call leaves there is not the next call's to read."""
+    """Empty the private /tmp (and so HOME): what one call leaves there is not the next call's to read.
+    Entries holding a mount point (a workspace or plugins directory under /tmp) are left alone."""
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
+        holders = {Path(fields[4]).parts[2] for line in mountinfo
+                   if len(fields := line.split()) > 4 and fields[4].startswith("/tmp/")}
     for entry in os.scandir("/tmp"):
+        if entry.name in holders:
+            continue
         with contextlib.suppress(OSError):
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
