@@ -169,16 +169,22 @@ async def test_runs_stopped_twice_are_failed_told_once_and_the_session_goes_on(
         'hermes_runs_total{kind="webhook",status="failed"} 2.0']
 
 
-@pytest.mark.usefixtures("crash_on_stop")
-async def test_a_run_stopped_once_is_started_again_and_completes(make_gateway: GatewayFactory) -> None:
-    h = await make_gateway()
+async def _stopped_mid_run(make_gateway: GatewayFactory, overrides: dict[str, Any] | None = None) -> str:
+    """A gateway stopped while its one chat run waits for the model; returns the run's id."""
+    h = await make_gateway(overrides)
     h.model.hang_next(1)
     accepted = await h.chat.user_says("question")
     await h.model.wait_for_requests(1, timeout=10)
     await h.gateway.stop(drain_timeout=0)
+    return accepted.run_id
+
+
+@pytest.mark.usefixtures("crash_on_stop")
+async def test_a_run_stopped_once_is_started_again_and_completes(make_gateway: GatewayFactory) -> None:
+    run_id = await _stopped_mid_run(make_gateway)
 
     h = await make_gateway()
-    run = await h.wait_run(accepted.run_id)
+    run = await h.wait_run(run_id)
     assert (run["status"], run["attempts"]) == ("completed", 2)
     await h.chat.wait_for(lambda: h.chat.final_texts() == ["Echo: question"])
 
@@ -186,28 +192,20 @@ async def test_a_run_stopped_once_is_started_again_and_completes(make_gateway: G
 async def test_a_graceful_stop_does_not_count_an_attempt(make_gateway: GatewayFactory) -> None:
     """A shutdown past the drain timeout cuts a run off, but the run did nothing wrong: even with
     max_run_attempts 1 it is started again after the restart, and its attempt count says one."""
-    h = await make_gateway({"gateway": {"max_run_attempts": 1}})
-    h.model.hang_next(1)
-    accepted = await h.chat.user_says("question")
-    await h.model.wait_for_requests(1, timeout=10)
-    await h.gateway.stop(drain_timeout=0)
+    run_id = await _stopped_mid_run(make_gateway, {"gateway": {"max_run_attempts": 1}})
 
     h = await make_gateway({"gateway": {"max_run_attempts": 1}})
-    run = await h.wait_run(accepted.run_id)
+    run = await h.wait_run(run_id)
     assert (run["status"], run["attempts"]) == ("completed", 1)
     await h.chat.wait_for(lambda: h.chat.final_texts() == ["Echo: question"])
 
 
 @pytest.mark.usefixtures("crash_on_stop")
 async def test_max_run_attempts_one_gives_up_after_the_first_stop(make_gateway: GatewayFactory) -> None:
-    h = await make_gateway({"gateway": {"max_run_attempts": 1}})
-    h.model.hang_next(1)
-    accepted = await h.chat.user_says("question")
-    await h.model.wait_for_requests(1, timeout=10)
-    await h.gateway.stop(drain_timeout=0)
+    run_id = await _stopped_mid_run(make_gateway, {"gateway": {"max_run_attempts": 1}})
 
     h = await make_gateway({"gateway": {"max_run_attempts": 1}})
-    run = await h.wait_run(accepted.run_id)
+    run = await h.wait_run(run_id)
     assert (run["status"], run["attempts"]) == ("failed", 1)
     assert run["error"] == "gave up after 1 attempt: the gateway stopped during it"
     await h.chat.wait_for(lambda: len(h.chat.sent) == 1)
