@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint chaos bench bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron \
-	bench-profile bench-replicas soak clean
+	bench-sandbox bench-profile bench-replicas soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ chaos: $(STAMP)
 # runs all of them (not the soak) at sizes that finish in about five minutes on a 2-core machine.
 BENCH := $(BIN)/python -m bench
 
-bench: bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron
+bench: bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron bench-sandbox
 
 bench-webhook: $(STAMP)
 	$(BENCH).bench_webhook --rounds 3 --duration 6 --open-duration 3
@@ -51,6 +51,10 @@ bench-tools: $(STAMP)
 
 bench-cron: $(STAMP)
 	$(BENCH).bench_cron
+
+# The tool sandbox against in-process tools: round trip of a call, and main-loop lag in CPU-bound and regex storms.
+bench-sandbox: $(STAMP)
+	$(BENCH).bench_sandbox
 
 # 1, 2 and 3 replicas on one PostgreSQL database (started by .ci/start-postgres unless HERMES_TEST_PG_URL is set).
 bench-replicas: $(STAMP)

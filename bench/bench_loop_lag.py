@@ -8,7 +8,8 @@ loop. For each storm, ``--calls`` new Telegram users at once each ask for one to
 model follows a ``[[tool:...]]`` directive, then answers with the result) while signed webhooks arrive
 at ``--webhook-rate`` per second for ``--webhook-seconds``, sent from their own thread and event loop
 here so their ack latency is not held up by the simulators. The last storm splits the calls evenly
-between the three kinds.
+between the three kinds. The tools run on the gateway's tool threads (``tools.sandbox: none``, as in every
+figure of this bench before the sandbox; ``--sandbox`` changes it, and ``bench_sandbox`` compares the two).
 
 The gateway measures its own lag: its watchdog samples the loop every 5 ms while busy (50 ms while
 idle) into ``hermes_event_loop_lag_histogram_seconds``. The histogram is read from ``/metrics`` before
@@ -22,7 +23,8 @@ many runs).
 window, its event-loop iterations whose callbacks ran over 5 ms: how many, how long, and how many callbacks
 each ran (one slow callback, or hundreds of short ones).
 
-    python -m bench.bench_loop_lag [--calls 200] [--sleep 1.0] [--cpu-ms 20] [--webhook-rate 20] [--trace-iterations]
+    python -m bench.bench_loop_lag [--calls 200] [--sleep 1.0] [--cpu-ms 20] [--webhook-rate 20] [--sandbox none]
+                                   [--trace-iterations]
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -61,6 +64,7 @@ from bench.common import (
 )
 from bench.loop_lag_tools import TOOLS
 from gateway.sim.model_server import ScriptedModel
+from tools.sandbox import MODES
 
 KINDS = ("blocking", "async", "cpu")
 TRACER_DIR = Path(__file__).with_name("loop_trace")
@@ -87,10 +91,21 @@ class LagReading:
         n = counts[-1][1] if counts else 0.0
         exact = self.max > before.max
         top = next((bound for bound, c in counts if c == n), math.inf)  # the first bucket holding every sample
-        high = self.max if exact else min(before.max, top)
-        return {"n": int(n), "p50_ms": 1000 * _quantile(0.5, counts), "p99_ms": 1000 * _quantile(0.99, counts),
-                "max_ms": 1000 * high, "max_exact": exact,
-                "buckets": {f"{bound:g}": c for bound, c in counts if c}}
+        return _lag_summary(counts, self.max if exact else min(before.max, top), exact)
+
+
+def _lag_summary(counts: Sequence[tuple[float, float]], high: float, exact: bool) -> dict[str, Any]:
+    n = counts[-1][1] if counts else 0.0
+    return {"n": int(n), "p50_ms": 1000 * _quantile(0.5, counts), "p99_ms": 1000 * _quantile(0.99, counts),
+            "max_ms": 1000 * high, "max_exact": exact, "counts": [list(c) for c in counts],
+            "buckets": {f"{bound:g}": c for bound, c in counts if c}}
+
+
+def pooled_lag(lags: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Lag p50 / p99 / max (ms) of the samples of several windows of one gateway together."""
+    counts = [(rows[0][0], sum(c for _, c in rows)) for rows in zip(*(lag["counts"] for lag in lags), strict=True)]
+    top = max(lags, key=lambda lag: lag["max_ms"])
+    return _lag_summary(counts, top["max_ms"] / 1000, top["max_exact"])
 
 
 def _quantile(q: float, counts: Sequence[tuple[float, float]]) -> float:
@@ -107,19 +122,21 @@ def _quantile(q: float, counts: Sequence[tuple[float, float]]) -> float:
     return low  # in the +Inf bucket: its lower bound
 
 
-async def _read_lag(http: aiohttp.ClientSession, service: ServiceProcess) -> LagReading:
-    async with http.get(service.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-        return LagReading(await resp.text())
+def trace_env(trace: Path) -> dict[str, str]:
+    """The environment that loads the iteration tracer (``bench/loop_trace``) into a gateway, writing ``trace``."""
+    return {"PYTHONPATH": os.pathsep.join([str(TRACER_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "HERMES_BENCH_LOOP_TRACE": str(trace)}
 
 
-def _long_iterations(traced: Sequence[dict[str, Any]], since: float, until: float) -> dict[str, Any]:
+def long_iterations(traced: Sequence[dict[str, Any]], since: float, until: float) -> dict[str, Any]:
     """Summary of the main loop's traced iterations over 5 ms that ended between ``since`` and ``until`` (epoch
     seconds); iterations of other threads' loops (the async tools' bridge loops) are left out."""
     rows = [r for r in traced if since <= r["t"] <= until and r["thread"] == "MainThread"]
     walls = [r["wall_ms"] for r in rows]
     callbacks = [r["callbacks"] for r in rows]
     return {"over_5ms": len(rows), "over_10ms": sum(w > 10 for w in walls), "max_ms": max(walls, default=0.0),
-            "busy_ms": round(sum(walls), 1), "callbacks_p50": median(callbacks) if rows else 0,
+            "busy_ms": round(sum(walls), 1), "cpu_ms": round(sum(r["cpu_ms"] for r in rows), 1),
+            "callbacks_p50": median(callbacks) if rows else 0,
             "callbacks_max": max(callbacks, default=0)}
 
 
@@ -131,36 +148,71 @@ def _webhooks_in_thread(base_url: str, rate: float, seconds: float) -> LoadResul
     return asyncio.run(send())
 
 
-async def _window(name: str, service: ServiceProcess, http: aiohttp.ClientSession, sim: BenchTelegram,
-                  args: argparse.Namespace, kinds: Sequence[str] = (), webhooks: bool = True,
-                  first_user: int = 0) -> dict[str, Any]:
-    """One measured window: a storm of ``kinds`` (none: no chat traffic), webhooks meanwhile or not; with
-    neither, ``--idle-seconds`` of nothing."""
-    before, cpu_before = await _read_lag(http, service), service.cpu_seconds()
-    started, wall_started = time.perf_counter(), time.time()
-    hooks = (asyncio.ensure_future(asyncio.to_thread(_webhooks_in_thread, service.base_url, args.webhook_rate,
-                                                     args.webhook_seconds)) if webhooks else None)
-    directives = {k: f'[[tool:{TOOLS[k]} {json.dumps({"seconds": args.sleep, "ms": args.cpu_ms})}]]' for k in kinds}
-    outcomes = await asyncio.gather(*(sim.say(first_user + i, directives[kinds[i % len(kinds)]], args.timeout)
-                                      for i in range(args.calls if kinds else 0)), return_exceptions=True)
-    acks: LoadResult[WebhookRun] = await hooks if hooks is not None else LoadResult()
-    if not kinds and not webhooks:
-        await asyncio.sleep(args.idle_seconds)
-    elapsed = time.perf_counter() - started
-    after, cpu = await _read_lag(http, service), service.cpu_seconds() - cpu_before
-    failures = [o for o in outcomes if isinstance(o, BaseException)]
-    return {"storm": name, "calls": len(outcomes), "seconds": elapsed, "gateway_cpu_s": cpu,
-            "errors": len(failures) + len(acks.errors),
-            "error_samples": [f"{type(f).__name__}: {f}" for f in failures[:2]] + acks.errors[:2],
-            "lag": after.since(before), "webhook_ack": latency_ms([r.ack_seconds for r in acks.results]),
-            "wall_clock": (wall_started, time.time())}
+class StormGateway:
+    """A gateway subprocess with the benchmark tools, and the simulators a storm drives (``storm_gateway``)."""
+
+    def __init__(self, args: argparse.Namespace, service: ServiceProcess, http: aiohttp.ClientSession,
+                 sim: BenchTelegram, model: ScriptedModel, sink: BenchSink) -> None:
+        self.args = args
+        self.service = service
+        self.http = http
+        self.sim = sim
+        self.model = model
+        self.sink = sink
+        self._windows = 0
+
+    async def read_lag(self) -> LagReading:
+        """One scrape of the gateway's lag metrics."""
+        async with self.http.get(self.service.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            return LagReading(await resp.text())
+
+    async def window(self, name: str, kinds: Sequence[str] = (), *, webhooks: bool = True,
+                     tool_args: dict[str, Any] | None = None, idle_seconds: float = 0.0,
+                     calls: int | None = None) -> dict[str, Any]:
+        """One measured window after ``--settle`` quiet seconds: a storm of ``calls`` (``--calls``) runs whose
+        one tool call cycles through ``kinds`` (none: no chat traffic) with ``tool_args``, webhooks meanwhile
+        or not; with neither, ``idle_seconds`` of nothing. Prints its lag line."""
+        args, service, sim = self.args, self.service, self.sim
+        await asyncio.sleep(args.settle)
+        self._windows += 1
+        first_user = self._windows * 100_000
+        before, cpu_before = await self.read_lag(), service.cpu_seconds()
+        started, wall_started = time.perf_counter(), time.time()
+        hooks = (asyncio.ensure_future(asyncio.to_thread(_webhooks_in_thread, service.base_url, args.webhook_rate,
+                                                         args.webhook_seconds)) if webhooks else None)
+        directives = {k: f'[[tool:{TOOLS[k]} {json.dumps(tool_args or {})}]]' for k in kinds}
+        count = (args.calls if calls is None else calls) if kinds else 0
+        outcomes = await asyncio.gather(*(sim.say(first_user + i, directives[kinds[i % len(kinds)]], args.timeout)
+                                          for i in range(count)), return_exceptions=True)
+        storm_seconds = time.perf_counter() - started
+        acks: LoadResult[WebhookRun] = await hooks if hooks is not None else LoadResult()
+        if not kinds and not webhooks:
+            await asyncio.sleep(idle_seconds)
+        elapsed = time.perf_counter() - started
+        after, cpu = await self.read_lag(), service.cpu_seconds() - cpu_before
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        sim.forget()
+        self.model.requests.clear()
+        self.sink.reset()
+        lag = after.since(before)
+        print(f"  {name:<20} lag p50/p99/max {lag['p50_ms']:6.2f} / {lag['p99_ms']:6.2f} / {lag['max_ms']:6.1f} ms "
+              f"over {lag['n']} samples; {elapsed:.1f} s; gateway CPU {cpu:.2f} s", flush=True)
+        return {"storm": name, "calls": len(outcomes), "seconds": elapsed, "storm_seconds": storm_seconds,
+                "gateway_cpu_s": cpu, "errors": len(failures) + len(acks.errors),
+                "error_samples": [f"{type(f).__name__}: {f}" for f in failures[:2]] + acks.errors[:2],
+                "lag": lag, "webhook_ack": latency_ms([r.ack_seconds for r in acks.results]),
+                "wall_clock": (wall_started, time.time())}
 
 
-async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+@asynccontextmanager
+async def storm_gateway(home: Path, args: argparse.Namespace, tools: Mapping[str, Any] | None = None,
+                        env: Mapping[str, str] | None = None) -> AsyncIterator[StormGateway]:
+    """A gateway subprocess in ``home`` (``bench/loop_lag_tools.py`` as its plugin, toolset ``plugin-bench`` for
+    Telegram, ``tools`` as its config's ``tools`` section) with the scripted model, the sink and the Telegram
+    simulator; stopped on exit."""
     plugins = home / "plugins"
     plugins.mkdir()
     shutil.copy(Path(__file__).with_name("loop_lag_tools.py"), plugins / "bench.py")
-    rows: list[dict[str, Any]] = []
     async with ScriptedModel(api_key=MODEL_KEY) as model:
         assert model.base_url is not None
         sink, sim = BenchSink(), BenchTelegram()
@@ -169,54 +221,58 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         config = write_gateway_config(home, model.base_url, sink.url, telegram=sim, overrides={
             "gateway": {"tool_threads": args.tool_threads},
             "plugins": {"dir": str(plugins), "entry_points": False},
-            "toolsets": {"telegram": "plugin-bench"}})
-        trace = home / "iterations.jsonl" if args.trace_iterations else None
-        env = ({"PYTHONPATH": os.pathsep.join([str(TRACER_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-                "HERMES_BENCH_LOOP_TRACE": str(trace)} if trace else {})
+            "toolsets": {"telegram": "plugin-bench"},
+            "tools": dict(tools or {})})
         service = ServiceProcess("gateway", gateway_argv(config), home / "stderr.log", env)
         try:
             await service.start()
-            await asyncio.sleep(args.settle)
             async with aiohttp.ClientSession() as http:
-                webhooks = args.webhook_rate > 0
-                storms: list[tuple[str, ...]] = [(), *([()] if webhooks else []), ("noop",), *((k,) for k in KINDS),
-                                                 KINDS]
-                for i, kinds in enumerate(storms):
-                    name = "+".join(kinds) or ("webhooks only" if i else "idle")
-                    row = await _window(name, service, http, sim, args, kinds, webhooks=webhooks and i > 0,
-                                        first_user=(i + 1) * 100_000)
-                    rows.append(row)
-                    sim.forget()
-                    model.requests.clear()
-                    sink.reset()
-                    lag = row["lag"]
-                    print(f"  {name:<20} lag p50/p99/max {lag['p50_ms']:6.2f} / {lag['p99_ms']:6.2f} / "
-                          f"{lag['max_ms']:6.1f} ms over {lag['n']} samples; gateway CPU {row['gateway_cpu_s']:.2f} s",
-                          flush=True)
-                    await asyncio.sleep(args.settle)
+                yield StormGateway(args, service, http, sim, model, sink)
         finally:
             await service.stop()
             await sim.stop()
             await sink.stop()
+
+
+def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a storm (also ``bench_sandbox``'s)."""
+    parser.add_argument("--calls", type=int, default=200, help="concurrent tool calls per storm")
+    parser.add_argument("--cpu-ms", type=float, default=20.0, help="CPU milliseconds of each CPU-bound call")
+    parser.add_argument("--tool-threads", type=int, default=256, help="gateway.tool_threads")
+    parser.add_argument("--webhook-rate", type=float, default=20.0, help="webhooks per second during a storm")
+    parser.add_argument("--webhook-seconds", type=float, default=2.0, help="how long webhooks keep arriving")
+    parser.add_argument("--settle", type=float, default=2.0, help="quiet seconds before each window")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one answer")
+
+
+async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    trace = home / "iterations.jsonl" if args.trace_iterations else None
+    env = trace_env(trace) if trace else {}
+    rows: list[dict[str, Any]] = []
+    async with storm_gateway(home, args, {"sandbox": args.sandbox}, env) as gateway:
+        webhooks = args.webhook_rate > 0
+        storms: list[tuple[str, ...]] = [(), *([()] if webhooks else []), ("noop",), *((k,) for k in KINDS), KINDS]
+        for i, kinds in enumerate(storms):
+            name = "+".join(kinds) or ("webhooks only" if i else "idle")
+            rows.append(await gateway.window(name, kinds, webhooks=webhooks and i > 0,
+                                             tool_args={"seconds": args.sleep, "ms": args.cpu_ms},
+                                             idle_seconds=args.idle_seconds))
     if trace is not None:
         traced = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
         for row in rows:
-            row["long_iterations"] = _long_iterations(traced, *row["wall_clock"])
-    return {"windows": rows, "gateway_log_problems": service.log_problems()}
+            row["long_iterations"] = long_iterations(traced, *row["wall_clock"])
+    return {"windows": rows, "gateway_log_problems": gateway.service.log_problems()}
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=200, help="concurrent tool calls per storm")
+    add_storm_arguments(parser)
     parser.add_argument("--sleep", type=float, default=1.0, help="seconds each sleeping tool sleeps")
-    parser.add_argument("--cpu-ms", type=float, default=20.0, help="CPU milliseconds of each CPU-bound call")
-    parser.add_argument("--tool-threads", type=int, default=256, help="gateway.tool_threads")
-    parser.add_argument("--webhook-rate", type=float, default=20.0, help="webhooks per second during a storm")
-    parser.add_argument("--webhook-seconds", type=float, default=2.0, help="how long webhooks keep arriving")
     parser.add_argument("--idle-seconds", type=float, default=3.0, help="length of the idle control window")
-    parser.add_argument("--settle", type=float, default=2.0, help="quiet seconds before each window")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one answer")
+    parser.add_argument("--sandbox", choices=MODES, default="none",
+                        help="tools.sandbox (none: the tools run on the gateway's tool threads, as this bench has "
+                             "always measured; bench_sandbox compares both)")
     parser.add_argument("--trace-iterations", action="store_true",
                         help="trace the gateway's loop iterations over 5 ms (bench/loop_trace; adds overhead)")
     args = parser.parse_args(argv)
@@ -227,16 +283,18 @@ def main(argv: list[str] | None = None) -> None:
     out["load_average"] = {"before": load_before, "after": os.getloadavg()}
     rows = out["windows"]
     print_table(f"Main-loop lag of a gateway subprocess (Telegram adapter + webhooks) during {args.calls} concurrent "
-                f"tool calls (tool_threads={args.tool_threads}), from its own watchdog histogram; ms",
+                f"tool calls (tool_threads={args.tool_threads}, tools.sandbox: {args.sandbox}), from its own watchdog "
+                f"histogram; ms",
                 ["storm", "seconds", "lag p50", "lag p99", "lag max", "ack p50", "ack p99", "errors"],
                 [[r["storm"], r["seconds"], r["lag"]["p50_ms"], r["lag"]["p99_ms"],
                   r["lag"]["max_ms"] if r["lag"]["max_exact"] else f"<={r['lag']['max_ms']:.4g}",
                   r["webhook_ack"]["p50_ms"], r["webhook_ack"]["p99_ms"], r["errors"]] for r in rows])
     if args.trace_iterations:
         print_table("Loop iterations whose callbacks ran over 5 ms (traced; ms)",
-                    ["storm", "over 5 ms", "over 10 ms", "longest", "ms in them", "callbacks p50", "callbacks max"],
+                    ["storm", "over 5 ms", "over 10 ms", "longest", "ms in them", "CPU ms in them", "callbacks p50",
+                     "callbacks max"],
                     [[r["storm"], *(r["long_iterations"][k] for k in ("over_5ms", "over_10ms", "max_ms", "busy_ms",
-                                                                      "callbacks_p50", "callbacks_max"))]
+                                                                      "cpu_ms", "callbacks_p50", "callbacks_max"))]
                      for r in rows])
     print(f"  load average (1/5/15 min) before {' '.join(f'{v:.2f}' for v in load_before)}, "
           f"after {' '.join(f'{v:.2f}' for v in out['load_average']['after'])}")
