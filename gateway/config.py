@@ -856,7 +856,7 @@ class ToolsSettings(_Section):
 
     sandbox: Literal["auto", "bwrap", "uid", "none"] = "auto"
     sandbox_uid: int = Field(65534, ge=1)  # the sandbox's user when the gateway runs as root
-    workers: int = Field(4, ge=1, le=64)  # per kind (with and without network)
+    workers: int = Field(8, ge=1, le=64)  # per kind (with and without network); idle ones beyond one are stopped
     limits: SandboxLimitSettings = Field(default_factory=SandboxLimitSettings)
     network: dict[str, bool] = Field(default_factory=dict)  # per tool: overrides what the tool declares
 

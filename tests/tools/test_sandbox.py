@@ -21,6 +21,7 @@ from tests.sandbox_support import HANG, descendant_processes, require_bwrap, wai
 from tools.plugins import LoadedPlugins, load_plugins
 from tools.registry import ISOLATION_PROCESS, ToolRegistry, registry
 from tools.sandbox import Isolation, SandboxLimits, SandboxPolicy, SandboxPool, ToolSettings, detect
+from tools.sandbox import pool as pool_module
 from tools.sandbox.policy import NOBODY
 
 CANARY = "canary-env-5c1f0d7e9b2a4c68"
@@ -500,3 +501,20 @@ def test_private_tmp_is_emptied_between_calls(sandboxes: Sandboxes) -> None:
     # The workspace survives (here it sits under /tmp: the directory holding its mount point is kept).
     assert (sandboxes.workspace / "kept.txt").write_text("kept") and sandboxes.terminal("cat kept.txt")["output"] \
         == "kept"
+
+
+def test_a_burst_grows_the_pool_and_the_quiet_after_it_shrinks_it(sandboxes: Sandboxes,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow calls each hold a worker, so a burst starts more of them (up to max_workers); idle ones beyond the
+    first are stopped once they have been idle for IDLE_SECONDS (here 0: at the next release)."""
+    pool = sandboxes.start(SandboxLimits(timeout=30), max_workers=3)
+    callers = [threading.Thread(target=sandboxes.terminal, args=("sleep 1",)) for _ in range(3)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(HANG_GUARD)
+    wait_until(lambda: pool.stats()["idle"] >= 3, HANG_GUARD, "the burst left three idle workers of its kind")
+    monkeypatch.setattr(pool_module, "IDLE_SECONDS", 0.0)
+    assert sandboxes.terminal("echo still here") == {"exit_code": 0, "output": "still here\n"}
+    stats = pool.stats()
+    assert stats["idle"] == 2 and stats["killed"] == 0  # one of each kind: the web kind's prestarted worker

@@ -33,6 +33,7 @@ from tools.sandbox.settings import ToolSettings
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_SECONDS = 30.0
+IDLE_SECONDS = 120.0  # an idle worker beyond the first of its kind is stopped after this long
 _POLL_SECONDS = 0.1  # how often a waiting call checks whether its run was stopped
 _TIMEOUT_GRACE_SECONDS = 5.0  # a tool's own timeout argument plus this, so the tool reports its own timeout
 _MAX_CALL_SECONDS = 3600.0
@@ -67,6 +68,7 @@ class _Worker:
         self.proc = proc
         self.network = network
         self.pid = proc.pid
+        self.idle_since = time.monotonic()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self._requests = proc.stdin.fileno()
         self._answers = proc.stdout.fileno()
@@ -149,7 +151,7 @@ class SandboxPool:
 
     def __init__(self, isolation: Isolation, policy: SandboxPolicy, limits: SandboxLimits | None = None, *,
                  settings: ToolSettings | None = None, plugins_dir: Path | None = None,
-                 plugin_entry_points: bool = True, max_workers: int = 4,
+                 plugin_entry_points: bool = True, max_workers: int = 8,
                  network: Mapping[str, bool] | None = None) -> None:
         self.isolation = isolation
         self.policy = policy
@@ -327,6 +329,7 @@ class SandboxPool:
         return worker
 
     def _release(self, worker: _Worker, alive: bool) -> None:
+        surplus: list[_Worker] = []
         if not alive:
             worker.kill()
         with self._cond:
@@ -334,6 +337,8 @@ class SandboxPool:
             self._busy.discard(worker)
             if alive and not self._closed:
                 self._idle[worker.network].append(worker)
+                worker.idle_since = time.monotonic()
+                surplus = self._surplus(worker.network)
             else:
                 self._live[worker.network] -= 1
                 if not alive and not self._closed:
@@ -341,6 +346,19 @@ class SandboxPool:
             self._cond.notify()
         if alive and self._closed:
             worker.kill()
+        for idle in surplus:
+            idle.kill()
+
+    def _surplus(self, network: bool) -> list[_Worker]:
+        """Idle workers beyond the first that nothing needed for ``IDLE_SECONDS`` (taken out; the caller kills
+        them): a burst of slow calls grows the pool, and the quiet after it gives the memory back."""
+        idle = self._idle[network]  # the longest idle first (calls take the last)
+        cutoff = time.monotonic() - IDLE_SECONDS
+        surplus = [w for w in idle[:-1] if w.idle_since < cutoff]
+        for worker in surplus:
+            idle.remove(worker)
+            self._live[network] -= 1
+        return surplus
 
     def _spawn_soon(self, network: bool) -> None:
         """Start a worker in the background (a replacement, or the first one) unless one is idle."""

@@ -112,12 +112,16 @@ def _reap_leftovers(own_pid_namespace: bool) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def _clear_tmp() -> None:
-    """Empty the private /tmp (and so HOME): what one call leaves there is not the next call's to read.
-    Entries holding a mount point (a workspace or plugins directory under /tmp) are left alone."""
+def _mount_holders() -> frozenset[str]:
+    """The entries of /tmp that hold a mount point (a workspace or plugins directory under /tmp)."""
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
-        holders = {Path(fields[4]).parts[2] for line in mountinfo
-                   if len(fields := line.split()) > 4 and fields[4].startswith("/tmp/")}
+        return frozenset(Path(fields[4]).parts[2] for line in mountinfo
+                         if len(fields := line.split()) > 4 and fields[4].startswith("/tmp/"))
+
+
+def _clear_tmp(holders: frozenset[str]) -> None:
+    """Empty the private /tmp (and so HOME): what one call leaves there is not the next call's to read.
+    ``holders`` (entries holding a mount point) are left alone: deleting in them would reach the host."""
     for entry in os.scandir("/tmp"):
         if entry.name in holders:
             continue
@@ -154,6 +158,8 @@ def serve() -> int:
     load_plugins(Path(directory) if directory else None, entry_points=bool(plugins.get("entry_points")))
     drop_privileges(setup.get("uid"), setup.get("gid"))
     ToolSettings.from_dict(setup.get("settings") or {}).apply()
+    isolated = bool(setup.get("own_pid_namespace"))  # bubblewrap: its own PID namespace and /tmp
+    holders = _mount_holders() if isolated else frozenset()  # the mounts never change
     write_frame(answers, {"ready": True, "pid": os.getpid(), "tools": registry.tool_names()})
     while True:
         try:
@@ -164,10 +170,9 @@ def serve() -> int:
             result = _call(request)
         except MemoryError:
             result = tool_error(f"{request.get('tool')}: out of memory (the sandbox's limit)")
-        isolated = bool(setup.get("own_pid_namespace"))  # bubblewrap: its own PID namespace and /tmp
         _reap_leftovers(isolated)
         if isolated:
-            _clear_tmp()
+            _clear_tmp(holders)
         write_frame(answers, {"result": result})
 
 
