@@ -21,9 +21,10 @@ from gateway.cron_store import CronStore
 from gateway.logs import setup_logging
 from gateway.pairing import PairingStore, format_code, notify_approved
 from gateway.store import Store
-from gateway.tool_sandbox import detect_isolation
+from gateway.tool_sandbox import detect_isolation, sandbox_policy
 from tools.cronjob_tools import CronJob
-from tools.registry import registry
+from tools.registry import ISOLATION_SANDBOX, registry
+from tools.sandbox import SandboxPool
 from toolsets import TOOLSETS, resolve_toolset
 
 logger = logging.getLogger(__name__)
@@ -43,12 +44,17 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _cmd_tools(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
     registry.discover_builtin_tools()
     names = [args.toolset] if args.toolset else sorted(TOOLSETS)
     unknown = [n for n in names if n not in TOOLSETS]
     if unknown:
         print(f"error: unknown toolset {unknown[0]!r}; known: {', '.join(sorted(TOOLSETS))}", file=sys.stderr)
         return 2
+    isolation = detect_isolation(cfg, Path(args.config) if args.config else None)
+    print(f"tool sandbox: {isolation.describe()}", file=sys.stderr)
+    if isolation.level != "none":  # never started: it only answers whether sandboxed tools can run
+        registry.sandbox = SandboxPool(isolation, sandbox_policy(cfg))
     memo: dict = {}
     for name in names:
         tools = resolve_toolset(name, registry.tool_names())
@@ -56,8 +62,11 @@ def _cmd_tools(args: argparse.Namespace) -> int:
         print(f"{name}  ({ready}/{len(tools)} available)  {TOOLSETS[name].description}")
         for tool in tools:
             reason = registry.unavailable_reason(tool, memo)
-            mark = "+" if reason is None else "-"
-            print(f"  {mark} {tool:<14} {'available' if reason is None else 'unavailable: ' + reason}")
+            entry = registry.get(tool)
+            where = "in the sandbox" if entry and entry.isolation == ISOLATION_SANDBOX and isolation.level != "none" \
+                else "in the gateway"
+            shown = f"available, {where}" if reason is None else f"unavailable: {reason}"
+            print(f"  {'+' if reason is None else '-'} {tool:<14} {shown}")
     return 0
 
 
@@ -220,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="validate the config and print it resolved, secrets masked").set_defaults(func=_cmd_check)
     sub.add_parser("demo", parents=[common], help="offline demo on the embedded defaults").set_defaults(
         func=_cmd_demo)
-    tools = sub.add_parser("tools", help="list toolsets with their resolved tools and availability")
+    tools = sub.add_parser("tools", parents=[with_config],
+                           help="list toolsets with their resolved tools, availability and where they run")
     tools.add_argument("--toolset", help="show only this toolset")
     tools.set_defaults(func=_cmd_tools)
     runs = sub.add_parser("runs", help="inspect runs").add_subparsers(dest="runs_command", required=True)

@@ -198,12 +198,24 @@ def test_tools_command_lists_toolsets_with_availability(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("hermes-webhook  (1/2 available)")
-    assert "  + web_extract    available" in lines
+    assert "  + web_extract    available, in the sandbox" in lines
     assert "  - web_search     unavailable: not configured or not reachable" in lines
+    assert "tool sandbox: bwrap: bubblewrap" in result.stderr
     everything = subprocess.run([sys.executable, "-m", "gateway", "tools"], capture_output=True, text=True,
                                 timeout=60, env=env)
     assert "debugging  (6/7 available)" in everything.stdout
-    assert "  + terminal       available" in everything.stdout
+    assert "  + terminal       available, in the sandbox" in everything.stdout
+    assert "  + memory         available, in the gateway" in everything.stdout
+    # Without any isolation the sandboxed tools are not offered; the gateway's own ones still are.
+    config = tmp_path / "bwrap-only.yaml"
+    config.write_text("tools:\n  sandbox: bwrap\n", encoding="utf-8")
+    no_bwrap = subprocess.run([sys.executable, "-m", "gateway", "tools", "--config", str(config)],
+                              capture_output=True, text=True, timeout=60,
+                              env={**env, "PATH": str(tmp_path / "empty-bin")})
+    assert no_bwrap.returncode == 0, no_bwrap.stderr
+    assert "  - terminal       unavailable: no tool sandbox on this machine (bubblewrap is not installed" \
+        in no_bwrap.stdout
+    assert "  + memory         available, in the gateway" in no_bwrap.stdout
     unknown = subprocess.run([sys.executable, "-m", "gateway", "tools", "--toolset", "nope"], capture_output=True,
                              text=True, timeout=60, env=env)
     assert unknown.returncode == 2 and "unknown toolset 'nope'" in unknown.stderr
