@@ -95,12 +95,13 @@ class _Worker:
 
     def _wait(self, deadline: float, cancel: threading.Event | None) -> Any:
         """The next answer; None when the deadline passed or ``cancel`` was set first."""
+        poller = select.poll()  # not select(): a busy gateway's descriptors pass FD_SETSIZE
+        poller.register(self._answers, select.POLLIN)
         while (remaining := deadline - time.monotonic()) > 0:
             if cancel is not None and cancel.is_set():
                 return None
-            ready, _, _ = select.select([self._answers], [], [], min(remaining, _POLL_SECONDS))
-            if ready:
-                return read_frame(self._answers)
+            if poller.poll(min(remaining, _POLL_SECONDS) * 1000):
+                return read_frame(self._answers)  # data, or end of file (ProtocolError)
         return None
 
     def call(self, request: dict[str, Any], deadline: float, cancel: threading.Event | None) -> Any:
