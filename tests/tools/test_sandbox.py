@@ -22,7 +22,7 @@ from tools.plugins import LoadedPlugins, load_plugins
 from tools.registry import ISOLATION_PROCESS, ToolRegistry, registry
 from tools.sandbox import Isolation, SandboxLimits, SandboxPolicy, SandboxPool, ToolSettings, detect
 from tools.sandbox import pool as pool_module
-from tools.sandbox.policy import NOBODY
+from tools.sandbox.policy import NOBODY, python_paths
 
 CANARY = "canary-env-5c1f0d7e9b2a4c68"
 HANG_GUARD = 60.0  # seconds: only a broken sandbox takes this long
@@ -496,8 +496,9 @@ def test_private_tmp_is_emptied_between_calls(sandboxes: Sandboxes) -> None:
         == "ok\n"
     assert sandboxes.terminal("cat /tmp/left.txt") == {"exit_code": 1,
                                                        "output": "cat: /tmp/left.txt: No such file or directory\n"}
-    mount_holder = [sandboxes.workspace.parts[2]] if sandboxes.workspace.is_relative_to("/tmp") else []
-    assert sandboxes.terminal("ls -A /tmp")["output"].split() == mount_holder  # HOME is /tmp: no ~/.cache
+    mounted = [sandboxes.workspace, sandboxes.plugins_dir, *python_paths()]  # a checkout under /tmp too (CI's)
+    holders = {path.parts[2] for path in mounted if path.is_relative_to("/tmp")}
+    assert set(sandboxes.terminal("ls -A /tmp")["output"].split()) == holders  # HOME is /tmp: no ~/.cache
     # The workspace survives (here it sits under /tmp: the directory holding its mount point is kept).
     assert (sandboxes.workspace / "kept.txt").write_text("kept") and sandboxes.terminal("cat kept.txt")["output"] \
         == "kept"
