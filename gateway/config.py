@@ -854,7 +854,7 @@ class SandboxLimitSettings(_Section):
 class ToolsSettings(_Section):
     """Where tools run: the sandbox for commands and untrusted content (see README, Tool sandbox)."""
 
-    sandbox: Literal["auto", "bwrap", "uid", "none"] = "auto"
+    sandbox: Literal["auto", "bwrap", "unshare", "uid", "none"] = "auto"
     sandbox_uid: int = Field(65534, ge=1)  # the sandbox's user when the gateway runs as root
     workers: int = Field(8, ge=1, le=64)  # per kind (with and without network); idle ones beyond one are stopped
     limits: SandboxLimitSettings = Field(default_factory=SandboxLimitSettings)

@@ -70,9 +70,11 @@ FORK_BOMB = "bomb() {\n  bomb | bomb &\n}\nbomb\n"
 
 @dataclass
 class Sandboxes:
-    """Builds real bubblewrap pools on a per-test workspace and installs the latest as the registry's."""
+    """Builds real pools (bubblewrap, or util-linux unshare and the jail) on a per-test workspace and installs
+    the latest as the registry's."""
 
     tmp: Path
+    mode: str = "bwrap"
     pools: list[SandboxPool] = field(default_factory=list)
     plugins: LoadedPlugins | None = None
 
@@ -92,8 +94,8 @@ class Sandboxes:
             self.plugins = load_plugins(self.plugins_dir, entry_points=False)
             assert all(s.ok for s in self.plugins.statuses), self.plugins.statuses
         policy = SandboxPolicy(self.workspace, (self.plugins_dir,))
-        isolation = detect("bwrap", policy)
-        assert isolation.level == "bwrap", isolation.reason
+        isolation = detect(self.mode, policy)
+        assert isolation.level == self.mode, isolation.reason
         pool = SandboxPool(isolation, policy, limits or SandboxLimits(timeout=30), plugins_dir=self.plugins_dir,
                            plugin_entry_points=False, max_workers=max_workers, **kwargs)
         self.pools.append(pool)
@@ -112,12 +114,14 @@ class Sandboxes:
         return result
 
 
-@pytest.fixture
-def sandboxes(tmp_path: Path) -> Iterator[Sandboxes]:
-    require_bwrap()
+@pytest.fixture(params=["bwrap", "unshare"])
+def sandboxes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sandboxes]:
+    """Every pool test runs at both namespace levels: bubblewrap, and unshare where bubblewrap is missing."""
+    if request.param == "bwrap":
+        require_bwrap()
     registry.discover_builtin_tools()
     previous = registry.sandbox
-    box = Sandboxes(tmp_path)
+    box = Sandboxes(tmp_path, request.param)
     try:
         yield box
     finally:
@@ -187,7 +191,8 @@ def test_the_sandbox_cannot_see_the_gateway_process(sandboxes: Sandboxes) -> Non
     listing = sandboxes.terminal("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")["output"]
     ours = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     assert ours not in listing and str(os.getpid()) not in listing.split(), listing
-    # What is there: the sandbox's own bubblewrap init, its worker, and this command's shell.
+    # What is there: the sandbox's own init (bubblewrap's, or the jail's under unshare), its worker, and this
+    # command's shell.
     assert {line.split()[0] for line in listing.splitlines() if line.strip()} <= {
         "/usr/bin/bwrap", "bwrap", sys.executable, "/bin/sh", "sh", "tr"}, listing
     # Its own PID namespace: a handful of processes, the shell's parent a small number.

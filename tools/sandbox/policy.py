@@ -9,6 +9,7 @@ database) is mounted, and the environment is built from an allowlist.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,8 +22,8 @@ from typing import Literal
 
 import tools
 
-Level = Literal["bwrap", "uid", "none", "unavailable"]
-MODES = ("auto", "bwrap", "uid", "none")
+Level = Literal["bwrap", "unshare", "uid", "none", "unavailable"]
+MODES = ("auto", "bwrap", "unshare", "uid", "none")
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 _ETC_FILES = (
@@ -147,6 +148,25 @@ def bwrap_argv(policy: SandboxPolicy, *, network: bool, as_root: bool, command: 
     return [*argv, "--", *command]
 
 
+def unshare_argv(policy: SandboxPolicy, *, network: bool, as_root: bool, command: Sequence[str],
+                 staging: Path) -> list[str]:
+    """The same view as ``bwrap_argv`` without bubblewrap: util-linux ``unshare`` makes the namespaces (a user
+    namespace too unless root) and ``tools.sandbox.jail`` assembles the root from the same lists in an empty
+    ``staging`` directory, then execs ``command`` with no capabilities (as root the worker then switches user)."""
+    argv = [shutil.which("unshare") or "unshare", "--fork", "--pid", "--mount", "--ipc", "--uts", "--kill-child"]
+    if not network:
+        argv.append("--net")
+    if not as_root:
+        argv += ["--user", "--map-root-user"]
+    links = [[os.readlink(name), name] for name in _SYSTEM_DIRS if Path(name).is_symlink()]
+    read_only = [name for name in _SYSTEM_DIRS if not Path(name).is_symlink() and Path(name).is_dir()]
+    read_only += [*_ETC_FILES, *(str(p) for p in [*python_paths(), *policy.read_only])]
+    spec = {"root": str(staging), "symlinks": links, "read_only": read_only, "writable": [str(policy.workspace)],
+            "chdir": str(policy.workspace), "network": network, "user_namespace": not as_root,
+            "env": sandbox_env(policy.workspace), "argv": list(command)}
+    return [*argv, "--", sys.executable, "-I", "-m", "tools.sandbox.jail", json.dumps(spec)]
+
+
 def program_argv(policy: SandboxPolicy, command: str, args: Sequence[str]) -> list[str]:
     """The bubblewrap command line for a program of the operator's (a stdio MCP server) in the same view,
     with network. Its program and the files its arguments name are mounted read-only (relative paths made
@@ -213,6 +233,17 @@ def _probe_uid(policy: SandboxPolicy) -> str | None:
     return None if error is None else f"user {policy.uid} cannot start the Python interpreter ({error})"
 
 
+def _probe_unshare(policy: SandboxPolicy) -> str | None:
+    if shutil.which("unshare") is None:
+        return "util-linux unshare is not installed"
+    with tempfile.TemporaryDirectory() as workspace, tempfile.TemporaryDirectory() as staging:
+        argv = unshare_argv(replace(policy, workspace=Path(workspace)), network=False, as_root=os.geteuid() == 0,
+                            command=[sys.executable, "-I", "-c", "import tools.sandbox.worker"],
+                            staging=Path(staging))
+        error = _runs(argv, stdin=subprocess.DEVNULL)
+    return None if error is None else f"unshare cannot create the sandbox here ({error})"
+
+
 def detect(mode: str, policy: SandboxPolicy) -> Isolation:
     """The isolation for ``tools.sandbox: mode``: what was asked for if it works, else the best that does."""
     if mode == "none":
@@ -224,6 +255,13 @@ def detect(mode: str, policy: SandboxPolicy) -> Isolation:
         if error is None:
             who = f"as uid {policy.uid}" if os.geteuid() == 0 else "in a user namespace"
             return Isolation("bwrap", f"bubblewrap: own PID, mount, IPC and network namespaces, {who}", mode)
+        problems.append(error)
+    if mode in ("auto", "unshare"):
+        error = _probe_unshare(policy)
+        if error is None:
+            who = f"as uid {policy.uid}" if os.geteuid() == 0 else "in a user namespace"
+            return Isolation("unshare", f"{'; '.join(problems) + '; ' if problems else ''}unshare: own PID, "
+                                        f"mount, IPC and network namespaces, {who}", mode)
         problems.append(error)
     if mode in ("auto", "uid"):
         error = _probe_uid(policy)

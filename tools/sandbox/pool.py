@@ -17,6 +17,7 @@ import os
 import select
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from tools.registry import ToolEntry, tool_error
-from tools.sandbox.policy import Isolation, SandboxPolicy, bwrap_argv, program_argv, sandbox_env, worker_command
+from tools.sandbox.policy import (
+    Isolation,
+    SandboxPolicy,
+    bwrap_argv,
+    program_argv,
+    sandbox_env,
+    unshare_argv,
+    worker_command,
+)
 from tools.sandbox.protocol import ProtocolError, read_frame, write_frame
 from tools.sandbox.settings import ToolSettings
 
@@ -39,6 +48,8 @@ _TIMEOUT_GRACE_SECONDS = 5.0  # a tool's own timeout argument plus this, so the 
 _MAX_CALL_SECONDS = 3600.0
 _MAX_STDERR_LINES = 200  # per worker: a chatty tool cannot flood the log
 _EXIT_BY_SIGNAL = 128  # bubblewrap exits with 128 + N when the worker is killed by signal N
+_NAMESPACED = ("bwrap", "unshare")  # levels whose workers have their own PID and mount namespaces
+_LEVELS = (*_NAMESPACED, "uid")  # levels that run sandboxed tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +182,7 @@ class SandboxPool:
         self._workspace_ready = False
         self._prepare_lock = threading.Lock()
         self._launcher = ThreadPoolExecutor(1, thread_name_prefix="sandbox-launcher")
+        self._staging_dir: tempfile.TemporaryDirectory[str] | None = None
         self._spawners: set[threading.Thread] = set()
         self.started_workers = 0
         self.killed_workers = 0
@@ -180,7 +192,7 @@ class SandboxPool:
 
     def unavailable_reason(self, entry: ToolEntry) -> str | None:
         """None when the sandbox can run tools; else why not (the tool is then not offered)."""
-        if self.isolation.level in ("bwrap", "uid"):
+        if self.isolation.level in _LEVELS:
             return None
         return f"no tool sandbox on this machine ({self.isolation.reason})"
 
@@ -243,7 +255,7 @@ class SandboxPool:
 
     def start(self) -> None:
         """Start one worker of each kind in the background, so the first calls need not wait for one."""
-        if self.isolation.level in ("bwrap", "uid"):
+        if self.isolation.level in _LEVELS:
             self._prepare_workspace()  # before anything sandboxed starts (stdio MCP servers write there too)
             for network in (False, True):
                 self._spawn_soon(network)
@@ -266,9 +278,10 @@ class SandboxPool:
                         os.lchown(name, uid, uid)
 
     def _setup(self) -> dict[str, Any]:
-        drop = self._as_root and self.isolation.level == "bwrap"
+        namespaces = self.isolation.level in _NAMESPACED
+        drop = self._as_root and namespaces  # in uid mode Popen already switched
         return {"uid": self.policy.uid if drop else None, "gid": self.policy.uid if drop else None,
-                "own_pid_namespace": self.isolation.level == "bwrap",
+                "own_pid_namespace": namespaces,
                 "limits": asdict(self.limits), "settings": self.settings.to_dict(),
                 "plugins": {"dir": str(self.plugins_dir) if self.plugins_dir else None,
                             "entry_points": self.plugin_entry_points}}
@@ -280,6 +293,10 @@ class SandboxPool:
                                   "env": sandbox_env(self.policy.workspace)}
         if self.isolation.level == "bwrap":
             argv = bwrap_argv(self.policy, network=network, as_root=self._as_root, command=worker_command())
+            launch = functools.partial(subprocess.Popen, argv, **common)
+        elif self.isolation.level == "unshare":
+            argv = unshare_argv(self.policy, network=network, as_root=self._as_root, command=worker_command(),
+                                staging=self._staging())
             launch = functools.partial(subprocess.Popen, argv, **common)
         else:  # uid: a separate user, no namespaces
             uid = self.policy.uid
@@ -300,6 +317,13 @@ class SandboxPool:
         with self._cond:
             self.started_workers += 1
         return worker
+
+    def _staging(self) -> Path:
+        """An empty directory where unshare's workers mount their roots (each in its own mount namespace)."""
+        with self._prepare_lock:
+            if self._staging_dir is None:
+                self._staging_dir = tempfile.TemporaryDirectory(prefix="hermes-sandbox-")
+            return Path(self._staging_dir.name)
 
     def _acquire(self, network: bool, cancel: threading.Event | None = None) -> _Worker:
         """An idle worker, a new one while under ``max_workers``, or the next one released; _Cancelled when
@@ -403,6 +427,8 @@ class SandboxPool:
         for thread in spawners:
             thread.join(timeout=START_TIMEOUT_SECONDS)
         self._launcher.shutdown(wait=False)
+        if self._staging_dir is not None:
+            self._staging_dir.cleanup()
 
     def stats(self) -> dict[str, Any]:
         """Workers started, killed and idle now, and calls by outcome (ok, timeout, cpu_limit, died, cancelled,

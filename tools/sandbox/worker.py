@@ -84,7 +84,8 @@ class _Loop:
 def _reap_leftovers(own_pid_namespace: bool) -> None:
     """End every process a call left behind (``cmd &``, ``setsid``, a daemon): a worker serves many runs, and
     the next call, maybe another user's, must not share its namespace with them. In its own PID namespace
-    that is everything but this worker and bubblewrap's init; otherwise this worker's descendants."""
+    that is everything but this worker and the namespace's init (bubblewrap's, or the jail's under
+    unshare); otherwise this worker's descendants."""
     me = os.getpid()
     parents: dict[int, int] = {}
     for name in os.listdir("/proc"):
@@ -110,6 +111,7 @@ def _reap_leftovers(own_pid_namespace: bool) -> None:
     for pid in doomed:  # reap our own children; the rest are init's to reap
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
+
 
 
 def _mount_holders() -> frozenset[str]:
