@@ -214,8 +214,9 @@ async def _probe(world: World, **sections: Any) -> ProbeRun:
     return ProbeRun(run, results, found)
 
 
-async def test_no_secret_of_the_gateway_reaches_a_tool_the_store_or_the_chat(world: World) -> None:
-    probe = await _probe(world)
+@pytest.mark.parametrize("level", ["bwrap", "unshare"])
+async def test_no_secret_of_the_gateway_reaches_a_tool_the_store_or_the_chat(world: World, level: str) -> None:
+    probe = await _probe(world, tools={"sandbox": level})
     assert probe.found == {}
     # Not hidden by the log redactor on the way out: the sandbox never had them.
     assert not [r for r in probe.results if "[REDACTED]" in r]
