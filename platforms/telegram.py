@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dtm
 import hmac
 import logging
+import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -53,6 +55,11 @@ from platforms.telegram_format import markdown_to_html
 __all__ = ["AttachmentTooLarge", "TelegramAdapter", "TelegramSettings"]
 
 logger = logging.getLogger(__name__)
+
+# python-telegram-bot 22 returns time periods (RetryAfter.retry_after ...) as int seconds and warns on every read,
+# its own included, until a process opts into the timedelta its next major version returns; opt in (an operator's
+# own PTB_TIMEDELTA still wins). The adapter reads either form.
+os.environ.setdefault("PTB_TIMEDELTA", "true")
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _BACKOFF_INITIAL = 0.5
@@ -114,15 +121,16 @@ def _transient(exc: TelegramError) -> bool:
 
 
 def _retry_seconds(exc: RetryAfter) -> float:
-    # The public ``retry_after`` warns about its int -> timedelta migration; PTB's own rate limiter reads this.
-    return exc._retry_after.total_seconds()
+    """``retry_after`` in seconds, whether PTB gives it as a timedelta (PTB_TIMEDELTA, PTB 23) or as int seconds."""
+    wait = exc.retry_after
+    return wait.total_seconds() if isinstance(wait, dtm.timedelta) else float(wait)
 
 
 def _send_failure(exc: TelegramError) -> SendResult:
     """A failed send or edit as the outbox needs it: retry only what may succeed later."""
     if isinstance(exc, RetryAfter):
-        return SendResult(False, error=f"flood control: {exc.message}", retryable=True,
-                          retry_after=_retry_seconds(exc))
+        wait = _retry_seconds(exc)
+        return SendResult(False, error=f"flood control: retry in {wait:g} s", retryable=True, retry_after=wait)
     if isinstance(exc, ChatMigrated):
         return SendResult(False, error=f"the group is now the supergroup {exc.new_chat_id}")
     if isinstance(exc, InvalidToken | BadRequest | Forbidden):

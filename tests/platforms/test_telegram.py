@@ -13,6 +13,7 @@ import socket
 import sqlite3
 import sys
 import time
+import warnings
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import yaml
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from telegram.warnings import PTBDeprecationWarning
 
 from gateway.adapters import receives_on
 from gateway.app import Gateway
@@ -551,6 +553,30 @@ async def test_send_results_map_telegram_errors_for_the_outbox(world: World, ada
     assert (blocked.retryable, blocked.error) == (False, "Forbidden: bot was blocked by the user")
     gone = await bot.edit_message(str(BOB), "1", "x")
     assert not gone.success and not gone.retryable
+
+
+@pytest.mark.parametrize("ptb_timedelta", [None, "false"])
+async def test_flood_control_wait_is_read_whichever_type_retry_after_has(
+        world: World, adapter: Any, monkeypatch: pytest.MonkeyPatch, ptb_timedelta: str | None) -> None:
+    """PTB 22 gives ``RetryAfter.retry_after`` as int seconds, warning on every read (its own included), unless
+    PTB_TIMEDELTA opts into the timedelta of its next major version: the adapter opts in, without a warning, and
+    reads either type (an operator's PTB_TIMEDELTA=false still works).
+
+    Fails on the mutant ``return float(exc.retry_after)`` in ``_retry_seconds`` (a timedelta is no float), and
+    on dropping ``os.environ.setdefault("PTB_TIMEDELTA", "true")`` (PTBDeprecationWarning)."""
+    bot, _ = adapter
+    world.sim.user_sends("hi")
+    world.sim.fail_next("sendMessage", error_code=429, retry_after=3)
+    if ptb_timedelta is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            flood = await bot.send(str(ALICE), "x")
+    else:
+        monkeypatch.setenv("PTB_TIMEDELTA", ptb_timedelta)
+        with pytest.warns(PTBDeprecationWarning, match="retry_after"):
+            flood = await bot.send(str(ALICE), "x")
+    assert (flood.success, flood.retryable, flood.retry_after) == (False, True, 3.0)
+    assert flood.error == "flood control: retry in 3 s"
 
 
 def _settings(sim: TelegramSimulator, **changes: Any) -> TelegramSettings:
