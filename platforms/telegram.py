@@ -454,6 +454,12 @@ class TelegramAdapter(BasePlatformAdapter):
             msg, edited = update.edited_message, True
         if msg is None or msg.from_user is None:
             return None
+        # Bots are ignored (as on Discord and Slack), but not Telegram's bot-shaped stand-ins for a message
+        # written on behalf of a chat (an anonymous admin, someone writing as their channel): those carry the
+        # chat as sender_chat, which is then the sender.
+        sender_chat = msg.sender_chat
+        if msg.from_user.is_bot and sender_chat is None:
+            return None
         chat_type = _CHAT_TYPES.get(msg.chat.type)
         text = msg.text or msg.caption or ""
         attachments = _attachments(msg)
@@ -478,9 +484,11 @@ class TelegramAdapter(BasePlatformAdapter):
                 return None
             text = _strip_mention(text, username) if username else text
         user = msg.from_user
+        user_id, user_name = ((str(sender_chat.id), sender_chat.username or sender_chat.title) if sender_chat
+                              else (str(user.id), user.username or user.full_name))
         return MessageEvent(
             platform=self.name, event_id=str(update.update_id), chat_id=str(msg.chat.id), chat_type=chat_type,
-            user_id=str(user.id), user_name=user.username or user.full_name, text=text,
+            user_id=user_id, user_name=user_name, text=text,
             message_id=str(msg.message_id),
             thread_id=str(msg.message_thread_id) if msg.is_topic_message and msg.message_thread_id else None,
             reply_to_message_id=str(reply.message_id) if reply is not None else None,

@@ -26,10 +26,14 @@ import aiohttp
 from aiohttp import web
 
 __all__ = [
+    "ANONYMOUS_ADMIN_ID",
+    "CHANNEL_BOT_ID",
+    "DEFAULT_CHANNEL_ID",
     "DEFAULT_GROUP_ID",
     "DEFAULT_SUPERGROUP_ID",
     "DEFAULT_TOKEN",
     "DEFAULT_USER_ID",
+    "TELEGRAM_SERVICE_ID",
     "Call",
     "EntityParseError",
     "Origin",
@@ -49,6 +53,16 @@ DEFAULT_TOKEN = "123456:TEST-token"
 DEFAULT_USER_ID = 1001
 DEFAULT_GROUP_ID = -4001
 DEFAULT_SUPERGROUP_ID = -1001234567890
+DEFAULT_CHANNEL_ID = -1009876543210
+# Telegram's stand-in senders for messages written on behalf of a chat (the chat is the message's sender_chat).
+ANONYMOUS_ADMIN_ID = 1087968824  # @GroupAnonymousBot: an anonymous admin of the group
+CHANNEL_BOT_ID = 136817688  # @Channel_Bot: someone writing in a group as their channel
+TELEGRAM_SERVICE_ID = 777000  # "Telegram": a channel post automatically forwarded into its discussion group
+_STAND_INS: dict[str, JSON] = {
+    "group": {"id": ANONYMOUS_ADMIN_ID, "is_bot": True, "first_name": "Group", "username": "GroupAnonymousBot"},
+    "channel": {"id": CHANNEL_BOT_ID, "is_bot": True, "first_name": "Channel", "username": "Channel_Bot"},
+    "linked_channel": {"id": TELEGRAM_SERVICE_ID, "is_bot": False, "first_name": "Telegram"},
+}
 MAX_TEXT_LENGTH = 4096
 MAX_CAPTION_LENGTH = 1024
 
@@ -205,7 +219,13 @@ class Origin(TypedDict, total=False):
 
     Defaults: user ``DEFAULT_USER_ID`` "Alice" (@alice); ``chat_id`` is the user's private chat,
     ``DEFAULT_GROUP_ID`` or ``DEFAULT_SUPERGROUP_ID`` by ``chat_type``. A ``message_thread_id``
-    in a supergroup makes it a forum.
+    in a supergroup makes it a forum. ``is_bot`` makes the user a bot account.
+
+    ``on_behalf_of`` (groups only) sends the message on behalf of a chat, as Telegram does: ``"group"`` for
+    an anonymous admin (from @GroupAnonymousBot, sender_chat the group), ``"channel"`` for someone writing
+    as their channel (from @Channel_Bot), ``"linked_channel"`` for a post of the group's linked channel
+    automatically forwarded into it (from "Telegram", 777000); the channel is ``channel_id``
+    (``DEFAULT_CHANNEL_ID``) titled ``channel_title``.
     """
 
     chat_id: int
@@ -216,6 +236,10 @@ class Origin(TypedDict, total=False):
     first_name: str
     chat_title: str | None
     language_code: str
+    is_bot: bool
+    on_behalf_of: Literal["group", "channel", "linked_channel"]
+    channel_id: int
+    channel_title: str
 
 
 @dataclass(slots=True)
@@ -1260,7 +1284,7 @@ class TelegramSimulator:
         first_name = origin.get("first_name", "Alice")
         username = origin.get("username", "alice")
         chat_type = origin.get("chat_type", "private")
-        user: JSON = {"id": user_id, "is_bot": False, "first_name": first_name}
+        user: JSON = {"id": user_id, "is_bot": origin.get("is_bot", False), "first_name": first_name}
         if username:
             user["username"] = username
         user["language_code"] = origin.get("language_code", "en")
@@ -1282,9 +1306,29 @@ class TelegramSimulator:
             reply_to = self._messages.get((chat["id"], reply_to_id))
             if reply_to is None:
                 raise KeyError(f"no message {reply_to_id} in chat {chat['id']}")
+        sender, sent_as = self._sender(user, chat, origin)
         return self._new_message(
-            chat, user, thread_id=origin.get("message_thread_id"), reply_to=reply_to, fields=fields
+            chat, sender, thread_id=origin.get("message_thread_id"), reply_to=reply_to, fields={**sent_as, **fields}
         )
+
+    def _sender(self, user: JSON, chat: JSON, origin: Origin) -> tuple[JSON, JSON]:
+        """The message's ``from`` and, on behalf of a chat, its ``sender_chat`` (and forward) fields."""
+        on_behalf_of = origin.get("on_behalf_of")
+        if on_behalf_of is None:
+            return user, {}
+        if chat["type"] == "private":
+            raise ValueError("only group messages are sent on behalf of a chat")
+        stand_in = dict(_STAND_INS[on_behalf_of])
+        if on_behalf_of == "group":
+            return stand_in, {"sender_chat": dict(chat)}
+        channel = self.add_chat(origin.get("channel_id", DEFAULT_CHANNEL_ID), "channel",
+                                title=origin.get("channel_title"))
+        if on_behalf_of == "channel":
+            return stand_in, {"sender_chat": channel}
+        self._last_message_id[channel["id"]] += 1
+        post = {"type": "channel", "chat": channel, "message_id": self._last_message_id[channel["id"]],
+                "date": int(time.time())}
+        return stand_in, {"sender_chat": channel, "is_automatic_forward": True, "forward_origin": post}
 
     def _caption_fields(self, caption: str | None) -> JSON:
         if not caption:

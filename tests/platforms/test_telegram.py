@@ -32,6 +32,7 @@ from gateway.app import Gateway
 from gateway.config import ConfigError, parse_config
 from gateway.sim.model_server import ScriptedModel, rules, text, tool_call
 from gateway.sim.telegram_api import (
+    DEFAULT_CHANNEL_ID,
     DEFAULT_GROUP_ID,
     DEFAULT_SUPERGROUP_ID,
     DEFAULT_USER_ID,
@@ -215,6 +216,46 @@ async def test_group_trigger_always_answers_every_message(world: World) -> None:
     assert len(world.sim.sent_messages(DEFAULT_GROUP_ID)) == 1 and len(world.model.requests) == 1
     assert gateway.store is not None and await gateway.store.count_inbox() == 1
     assert not world.sim.pending_updates  # confirmed all the same
+
+
+GROUPS_ALLOWED = {"platforms": {"telegram": {"allowed_chats": [str(DEFAULT_GROUP_ID), str(DEFAULT_SUPERGROUP_ID)]}}}
+
+
+async def test_messages_from_other_bots_are_ignored(world: World) -> None:
+    """Another bot in the group is never answered, even addressed and allowed; its updates are still confirmed.
+
+    Fails on the mutant ``if False:`` for ``if msg.from_user.is_bot and sender_chat is None:`` in ``to_event``."""
+    gateway = await world.start({"group_trigger": "always"}, auth=GROUPS_ALLOWED)
+    bot = {"chat_type": "group", "user_id": 5005, "username": "other_bot", "is_bot": True}
+    world.sim.user_sends("@hermes_bot beep boop", **bot)
+    world.sim.user_sends("/status", **bot)
+    world.sim.user_sends("and a human", chat_type="group")
+    [reply] = await world.sim.wait_for_messages(1, DEFAULT_GROUP_ID)
+    assert reply.text == "Echo: and a human"
+    await _quiet()
+    assert len(world.sim.sent_messages()) == 1 and len(world.model.requests) == 1
+    assert gateway.store is not None and await gateway.store.count_inbox() == 1
+    assert not world.sim.pending_updates
+
+
+@pytest.mark.parametrize(("on_behalf_of", "sender"), [
+    ("group", DEFAULT_SUPERGROUP_ID), ("channel", DEFAULT_CHANNEL_ID), ("linked_channel", DEFAULT_CHANNEL_ID)])
+async def test_anonymous_admins_and_channels_are_answered_as_their_chat(world: World, on_behalf_of: str,
+                                                                         sender: int) -> None:
+    """Telegram writes these with a bot-shaped stand-in as the author (@GroupAnonymousBot, @Channel_Bot, or
+    "Telegram" for a channel post forwarded into its discussion group) and the chat as sender_chat: they are
+    answered, and the chat they speak for is the user (its session, limits and auth), not the shared stand-in.
+
+    Fails on the mutant ``if msg.from_user.is_bot:`` (the sender_chat exception dropped: "group" and "channel"),
+    and on ``if False`` for ``if sender_chat`` in choosing the user (the stand-in becomes the user: all three)."""
+    gateway = await world.start(auth=GROUPS_ALLOWED)
+    world.sim.user_sends("@hermes_bot what changed?", chat_type="supergroup", on_behalf_of=on_behalf_of,
+                         channel_title="News")
+    [reply] = await world.sim.wait_for_messages(1, DEFAULT_SUPERGROUP_ID)
+    assert reply.text == "Echo: what changed?"
+    assert gateway.store is not None
+    [run] = await gateway.store.list_runs()
+    assert run.session_key == f"telegram:group:{DEFAULT_SUPERGROUP_ID}:{sender}"
 
 
 async def test_forum_topics_keep_separate_sessions(world: World) -> None:

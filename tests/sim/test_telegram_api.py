@@ -16,8 +16,13 @@ from telegram.ext import AIORateLimiter, Application, ContextTypes, ExtBot, Mess
 from telegram.helpers import escape_markdown
 
 from gateway.sim.telegram_api import (
+    ANONYMOUS_ADMIN_ID,
+    CHANNEL_BOT_ID,
+    DEFAULT_CHANNEL_ID,
+    DEFAULT_GROUP_ID,
     DEFAULT_SUPERGROUP_ID,
     DEFAULT_USER_ID,
+    TELEGRAM_SERVICE_ID,
     EntityParseError,
     TelegramSimulator,
     parse_entities,
@@ -239,6 +244,27 @@ async def test_edits_clicks_and_allowed_updates(sim: TelegramSimulator, bot: Bot
 
     sim.user_sends("ignored")
     assert await bot.get_updates(offset=updates[-1].update_id + 1, allowed_updates=["callback_query"], timeout=0) == ()
+
+
+async def test_messages_from_bots_and_on_behalf_of_chats(sim: TelegramSimulator, bot: Bot) -> None:
+    sim.user_sends("beep", chat_type="group", user_id=5005, username="other_bot", is_bot=True)
+    sim.user_sends("from the admins", chat_type="supergroup", on_behalf_of="group")
+    sim.user_sends("as my channel", chat_type="supergroup", on_behalf_of="channel", channel_title="News")
+    sim.user_sends("new post", chat_type="supergroup", on_behalf_of="linked_channel", channel_id=-1005)
+    robot, anonymous, as_channel, forwarded = [u.message for u in await bot.get_updates(timeout=0)]
+
+    assert robot.from_user.is_bot and robot.sender_chat is None and robot.chat.id == DEFAULT_GROUP_ID
+    assert (anonymous.from_user.id, anonymous.from_user.is_bot, anonymous.from_user.username) == (
+        ANONYMOUS_ADMIN_ID, True, "GroupAnonymousBot")
+    assert anonymous.sender_chat == anonymous.chat and anonymous.chat.id == DEFAULT_SUPERGROUP_ID
+    assert (as_channel.from_user.id, as_channel.from_user.is_bot) == (CHANNEL_BOT_ID, True)
+    assert (as_channel.sender_chat.id, as_channel.sender_chat.type, as_channel.sender_chat.title) == (
+        DEFAULT_CHANNEL_ID, "channel", "News")
+    assert (forwarded.from_user.id, forwarded.from_user.is_bot) == (TELEGRAM_SERVICE_ID, False)
+    assert forwarded.is_automatic_forward and forwarded.sender_chat.id == -1005
+    assert forwarded.forward_origin.chat.id == -1005 and forwarded.forward_origin.message_id == 1
+    with pytest.raises(ValueError, match="on behalf of a chat"):
+        sim.user_sends("no such thing in a DM", on_behalf_of="group")
 
 
 async def test_stop_wakes_a_pending_long_poll(sim: TelegramSimulator, bot: Bot) -> None:
