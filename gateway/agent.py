@@ -36,6 +36,12 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 OnText = Callable[[str], Awaitable[None]]
+# A model answer cut off before its end (finish_reason): delivered as far as it got, with this line, and the run
+# is ended by that reason (RunOutcome.ended_by).
+CUT_OFF_NOTES = {
+    "length": "(The answer was cut off: it reached the model's output limit.)",
+    "content_filter": "(The answer was cut off by the model provider's content filter.)",
+}
 _SDK_MAX_CONNECTIONS = 1000  # the openai SDK's own defaults
 _SDK_KEEPALIVE = 100
 _CHUNK_STREAM = openai.AsyncStream[ChatCompletionChunk]
@@ -50,8 +56,19 @@ class ModelError(Exception):
 
 
 @dataclass(slots=True)
+class ModelTurn:
+    """One model answer: its text, the tool calls it asks for, total tokens (0 if unreported), and why it ended."""
+
+    content: str
+    tool_calls: list[dict[str, Any]]
+    tokens: int
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
 class RunOutcome:
-    """What a finished agent loop produced."""
+    """What a finished agent loop produced; ``ended_by`` is "answer", "clarify", "budget", "max_turns", or the
+    finish_reason of an answer cut off ("length", "content_filter")."""
 
     text: str
     transcript: list[ChatMessage] = field(default_factory=list)
@@ -158,13 +175,20 @@ class Agent:
         convo = list(messages)
         for _turn in range(self.cfg.max_turns):
             started = time.perf_counter()
-            content, tool_calls, tokens = await self._complete(convo, plan.definitions, on_text)
+            turn = await self._complete(convo, plan.definitions, on_text)
+            content, tool_calls = turn.content, turn.tool_calls
             elapsed = time.perf_counter() - started
             outcome.model_calls += 1
             outcome.model_seconds += elapsed
-            outcome.tokens += tokens
+            outcome.tokens += turn.tokens
             self.metrics.model_latency.observe(elapsed)
-            over_budget = budget.charge_model(tokens) if budget is not None else None
+            over_budget = budget.charge_model(turn.tokens) if budget is not None else None
+            if (note := CUT_OFF_NOTES.get(turn.finish_reason or "")) is not None:
+                # Tool calls in a cut-off answer may be cut off too: none is run, the user gets what came.
+                logger.info("model answer cut off (finish_reason %s) after %d characters and %d tool calls",
+                            turn.finish_reason, len(content), len(tool_calls))
+                return self._end(outcome, f"{content.rstrip()}\n\n{note}" if content.strip() else note,
+                                 turn.finish_reason or "")
             assistant = ChatMessage("assistant", content or None, tool_calls or None)
             outcome.transcript.append(assistant)
             convo.append(assistant.to_openai())
@@ -197,8 +221,8 @@ class Agent:
         return outcome
 
     async def _complete(self, convo: list[dict[str, Any]], tools: list[dict[str, Any]],
-                        on_text: OnText | None) -> tuple[str, list[dict[str, Any]], int]:
-        """One model call: (content, tool calls, total tokens as reported or 0)."""
+                        on_text: OnText | None) -> ModelTurn:
+        """One model call."""
         kwargs: dict[str, Any] = {"model": self.cfg.name, "messages": convo}
         if tools:
             kwargs["tools"] = tools
@@ -217,17 +241,19 @@ class Agent:
             raise ModelError(_user_message_for(exc), f"{type(exc).__name__}: {exc}") from exc
         if not response.choices:
             raise ModelError("The model returned an empty answer. Please try again.", "no choices")
-        msg = response.choices[0].message
+        choice = response.choices[0]
+        msg = choice.message
         calls = [{"id": tc.id, "type": "function",
                   "function": {"name": tc.function.name, "arguments": tc.function.arguments or "{}"}}
                  for tc in (msg.tool_calls or []) if tc.type == "function"]
-        return msg.content or "", calls, response.usage.total_tokens if response.usage else 0
+        return ModelTurn(msg.content or "", calls, response.usage.total_tokens if response.usage else 0,
+                         choice.finish_reason)
 
-    async def _stream(self, kwargs: dict[str, Any], on_text: OnText | None
-                      ) -> tuple[str, list[dict[str, Any]], int]:
+    async def _stream(self, kwargs: dict[str, Any], on_text: OnText | None) -> ModelTurn:
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         tokens = 0
+        finish_reason: str | None = None
         stream = await post_chat_completion(self.client, kwargs, stream=True)
         async with stream:
             async for chunk in stream:
@@ -235,6 +261,7 @@ class Agent:
                     tokens = chunk.usage.total_tokens
                 if not chunk.choices:
                     continue
+                finish_reason = chunk.choices[0].finish_reason or finish_reason
                 delta = chunk.choices[0].delta
                 if delta.content:
                     parts.append(delta.content)
@@ -253,7 +280,7 @@ class Agent:
         for i, call in enumerate(ordered):
             call["id"] = call["id"] or f"call_{i}"
             call["function"]["arguments"] = call["function"]["arguments"] or "{}"
-        return "".join(parts), ordered, tokens
+        return ModelTurn("".join(parts), ordered, tokens, finish_reason)
 
     async def _call_tool(self, tc: dict[str, Any], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
                          cancel: threading.Event | None) -> tuple[str, dict[str, Any]]:

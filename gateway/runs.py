@@ -287,7 +287,7 @@ class RunExecutor:
                 # carry a secret the model (or the user) echoed, plain or encoded.
                 done.result = redactor(outcome.text or "(the model returned an empty answer)")
                 done.tool_calls, done.model_calls = outcome.tool_calls, outcome.model_calls
-                done.model_seconds = outcome.model_seconds
+                done.model_seconds, done.ended_by = outcome.model_seconds, outcome.ended_by
                 done.transcript = [ChatMessage("user", e.text), *outcome.transcript]
                 for message in done.transcript:
                     if message.content:

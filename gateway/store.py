@@ -24,7 +24,7 @@ from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = sa.MetaData()
 
@@ -89,6 +89,8 @@ runs_t = sa.Table(
     sa.Column("started_at", sa.Float),
     sa.Column("finished_at", sa.Float),
     sa.Column("model_seconds", sa.Float),
+    # How a completed run's answer ended (agent.RunOutcome.ended_by): "answer", or why it stopped short.
+    sa.Column("ended_by", sa.String(32)),
 )
 
 outbox_t = sa.Table(
@@ -209,6 +211,7 @@ class RunRow:
     started_at: float | None
     finished_at: float | None
     model_seconds: float | None
+    ended_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form for ``GET /runs/{id}`` and the CLI."""
@@ -308,6 +311,7 @@ class RunCompletion:
     epoch: int | None = None
     transcript: list[ChatMessage] = field(default_factory=list)
     deliveries: list[OutboxPart] = field(default_factory=list)
+    ended_by: str | None = None
 
 
 def _dumps(value: Any) -> str:
@@ -348,7 +352,7 @@ _RUN_FINISH = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"), runs_t
                .values(status=sa.bindparam("b_status"), result=sa.bindparam("b_result"),
                        error=sa.bindparam("b_error"), tool_calls=sa.bindparam("b_tool_calls"),
                        model_calls=sa.bindparam("b_model_calls"), model_seconds=sa.bindparam("b_model_seconds"),
-                       finished_at=sa.bindparam("b_now")))
+                       ended_by=sa.bindparam("b_ended_by"), finished_at=sa.bindparam("b_now")))
 _RUN_BY_ID = sa.select(runs_t).where(runs_t.c.id == sa.bindparam("b_id"))
 _RUN_ATTEMPTS = (sa.select(runs_t.c.attempts)
                  .where(runs_t.c.id == sa.bindparam("b_id"), runs_t.c.status.not_in(FINAL_RUN_STATES))
@@ -419,7 +423,12 @@ def _v2_outbox_claims(conn: Connection) -> None:
     next(ix for ix in inbox_t.indexes if ix.name == "ix_inbox_session").create(conn)
 
 
-_MIGRATIONS = {2: _v2_outbox_claims}
+def _v3_runs_ended_by(conn: Connection) -> None:
+    """runs: how a completed run's answer ended (a whole answer, or cut off, out of budget ...)."""
+    conn.exec_driver_sql("ALTER TABLE runs ADD COLUMN ended_by VARCHAR(32)")
+
+
+_MIGRATIONS = {2: _v2_outbox_claims, 3: _v3_runs_ended_by}
 
 
 def _migrate(conn: Connection) -> None:
@@ -487,7 +496,7 @@ def _append_messages(conn: Connection, key: str | None, epoch: int | None, messa
 def _finish_run(conn: Connection, done: RunCompletion, now: float, claim: Claim | None) -> list[OutboxRow] | None:
     params = {"b_id": done.run_id, "b_status": done.status, "b_result": done.result, "b_error": done.error,
               "b_tool_calls": _dumps(done.tool_calls), "b_model_calls": done.model_calls,
-              "b_model_seconds": done.model_seconds, "b_now": now}
+              "b_model_seconds": done.model_seconds, "b_ended_by": done.ended_by, "b_now": now}
     if conn.execute(_RUN_FINISH, params).rowcount == 0:
         return None
     if done.inbox_id is not None:
@@ -797,7 +806,7 @@ def _inbox_row(r: Any) -> InboxRow:
 def _run_row(r: Any) -> RunRow:
     return RunRow(r.id, r.kind, r.source, r.session_key, r.status, json.loads(r.toolsets), r.prompt, r.deliver_to,
                   r.result, r.error, json.loads(r.tool_calls or "[]"), r.model_calls, r.attempts, r.created_at,
-                  r.started_at, r.finished_at, r.model_seconds)
+                  r.started_at, r.finished_at, r.model_seconds, r.ended_by)
 
 
 def _outbox_row(r: Any) -> OutboxRow:

@@ -17,7 +17,7 @@ from aiohttp import web
 import model_tools
 from gateway.agent import build_client, post_chat_completion
 from gateway.config import ModelSettings
-from gateway.sim.model_server import ScriptedModel, rules, tool_call
+from gateway.sim.model_server import ScriptedModel, ToolCall, Turn, rules, tool_call
 from tools.registry import registry
 
 
@@ -36,6 +36,27 @@ async def test_chat_run_on_an_editable_platform_streams(make_gateway) -> None:
     await h.chat.wait_for(lambda: any(t.startswith("Echo: hello there") and "▍" not in t
                                       for t in h.chat.final_texts()))
     assert [bool(r.get("stream")) for r in h.model.requests] == [True]
+
+
+async def test_tool_calls_in_an_answer_cut_off_are_not_run(make_gateway) -> None:
+    """A turn cut off at the output limit may hold half a tool call: none runs, the run ends telling the user, and
+    the stored turn keeps no dangling tool call (the next request's history stays valid).
+
+    Fails on the mutant ``... is not None and not tool_calls:`` for the cut-off check in ``Agent.run`` (the call
+    runs on half its arguments and the model is asked again)."""
+    cut = Turn(content="Adding it now.", tool_calls=(ToolCall("todo", '{"action": "add", "items": ["bu'),),
+               finish_reason="length")
+    h = await make_gateway(responder=rules((r"remember", cut)))
+    await h.chat.user_says("remember to buy milk")
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 1)
+    assert h.chat.sent[0].text == "Adding it now.\n\n(The answer was cut off: it reached the model's output limit.)"
+    [run] = await h.gateway.store.list_runs()
+    assert (run.status, run.ended_by, run.tool_calls, run.model_calls) == ("completed", "length", [], 1)
+    await h.chat.user_says("and now?")
+    await h.chat.wait_for(lambda: len(h.chat.sent) == 2)
+    history = h.model.requests[-1]["messages"]
+    assert [m["role"] for m in history[1:]] == ["user", "assistant", "user"]
+    assert not any(m.get("tool_calls") for m in history) and h.chat.sent[1].text == "Echo: and now?"
 
 
 async def test_invented_tool_names_share_one_metric_label(make_gateway) -> None:

@@ -253,6 +253,7 @@ async def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None
         conn.exec_driver_sql("DROP INDEX ix_inbox_session")
         for column in ("lane", "claimed_by", "claim_until", "in_doubt"):
             conn.exec_driver_sql(f"ALTER TABLE outbox DROP COLUMN {column}")
+        conn.exec_driver_sql("ALTER TABLE runs DROP COLUMN ended_by")
         conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="1"))
 
     await first.db.write(back_to_v1)
@@ -265,6 +266,30 @@ async def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None
         assert (await upgraded.claim_outbox(row.id, "p", 60)) is not None
         version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
         assert version == str(SCHEMA_VERSION)
+    finally:
+        await upgraded.close()
+
+
+async def test_a_version_2_database_gets_the_runs_ended_by_column(store_url: str) -> None:
+    """Fails on the mutant ``_MIGRATIONS = {2: _v2_outbox_claims}`` (step 3 missing: the upgrade stops)."""
+    first = await Store.open(store_url)
+    inbox_id, run_id = await _accept_run(first, "telegram:1")
+
+    def back_to_v2(conn: Connection) -> None:
+        conn.exec_driver_sql("ALTER TABLE runs DROP COLUMN ended_by")
+        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="2"))
+
+    await first.db.write(back_to_v2)
+    await first.close()
+    upgraded = await Store.open(store_url)
+    try:
+        assert (await upgraded.get_run(run_id)).ended_by is None
+        done = RunCompletion(run_id, inbox_id, "completed", result="Step 1 ... (cut off)", ended_by="length")
+        assert await upgraded.finish_run(done) == []
+        run = await upgraded.get_run(run_id)
+        assert (run.status, run.ended_by, run.to_dict()["ended_by"]) == ("completed", "length", "length")
+        version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
+        assert version == str(SCHEMA_VERSION) == "3"
     finally:
         await upgraded.close()
 

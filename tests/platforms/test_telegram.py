@@ -289,6 +289,32 @@ async def test_long_answer_arrives_as_ordered_parts_within_the_limit(world: Worl
     assert any(len(s.raw_text or "") > 4096 for s in sent)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("finish_reason", "note"), [
+    ("length", "(The answer was cut off: it reached the model's output limit.)"),
+    ("content_filter", "(The answer was cut off by the model provider's content filter.)")])
+async def test_an_answer_cut_off_by_the_model_says_so_and_the_run_records_it(world: World, stream: bool,
+                                                                             finish_reason: str, note: str) -> None:
+    """The part that came is delivered with one line telling the user, and the run's ``ended_by`` says why.
+
+    Fails on the mutants ``choice.finish_reason`` -> ``None`` in ``Agent._complete`` (not streamed),
+    ``finish_reason = chunk.choices[0].finish_reason or finish_reason`` -> ``finish_reason = finish_reason`` in
+    ``Agent._stream`` (streamed), and dropping ``done.ended_by = outcome.ended_by`` in ``RunExecutor._execute``."""
+    partial = "Step 1: open the valve. " * 12 + "Step 2: turn the"
+    world.model.responder = rules(fallback=lambda request: text(partial, finish_reason=finish_reason))
+    world.model.chunk_size, world.model.chunk_delay = 40, 0.01
+    gateway = await world.start(model={"stream": stream})
+    world.sim.user_sends("how do I drain the tank?")
+
+    expected = f"{partial}\n\n{note}"
+    await world.sim.wait_for(lambda: _bot_texts(world.sim, ALICE) == [expected], timeout=10)
+    assert [bool(r.get("stream")) for r in world.model.requests] == [stream]
+    assert gateway.store is not None
+    [run] = await gateway.store.list_runs()
+    shown = await world.wait_run(gateway, run.id)
+    assert (shown["status"], shown["ended_by"], shown["result"]) == ("completed", finish_reason, expected)
+
+
 async def test_flood_control_and_server_errors_are_retried_without_duplicates(
         world: World, caplog: pytest.LogCaptureFixture) -> None:
     await world.start()
