@@ -12,6 +12,7 @@ import enum
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from gateway.config import AuthSettings
 from gateway.pairing import PairingStore
@@ -33,11 +34,14 @@ class Decision(enum.Enum):
 
 
 class Authorizer:
-    """Allow/deny decisions for inbound events."""
+    """Allow/deny decisions for inbound events. Pairing approvals are cached for 30 s (``clock`` seconds), so a
+    revoked approval stops working within that time."""
 
-    def __init__(self, cfg: AuthSettings, pairing: PairingStore | None = None) -> None:
+    def __init__(self, cfg: AuthSettings, pairing: PairingStore | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.pairing = pairing
+        self.clock = clock
         self._admins = frozenset(cfg.admins)
         self._approved: OrderedDict[tuple[str, str], float] = OrderedDict()
         for platform, pa in cfg.platforms.items():
@@ -58,12 +62,12 @@ class Authorizer:
             return False
         key = (platform, user_id)
         seen = self._approved.get(key)
-        if seen is not None and time.monotonic() - seen < _APPROVED_CACHE_SECONDS:
+        if seen is not None and self.clock() - seen < _APPROVED_CACHE_SECONDS:
             return True
         if not await self.pairing.is_approved(platform, user_id):
             self._approved.pop(key, None)
             return False
-        self._approved[key] = time.monotonic()
+        self._approved[key] = self.clock()
         self._approved.move_to_end(key)
         while len(self._approved) > _APPROVED_CACHE_SIZE:
             self._approved.popitem(last=False)

@@ -8,12 +8,20 @@ import re
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
+from gateway.auth import Authorizer, Decision
+from gateway.config import _CHAT_PLATFORMS, AuthSettings
 from gateway.pairing import ALPHABET, CODE_LENGTH, PairingStore
 from gateway.sim.model_server import rules, tool_call
+from gateway.store import Store
+from platforms.base import MessageEvent
 
 PAIRING = {"auth": {"dm_pairing": True, "admins": ["telegram:9000"],
                     "platforms": {"telegram": {"allowed_users": ["1001"], "denied_users": ["6660"]}}}}
@@ -162,3 +170,144 @@ async def test_user_hourly_budget_refuses_new_runs(make_gateway) -> None:
     await h.chat.user_says("other user", user_id="1002", chat_id="200")
     await h.chat.wait_for(lambda: len(h.chat.sent) == 3)
     assert h.chat.sent[2].text == "Echo: other user"
+
+
+# -- the authorizer on its own, case by case (each test names the one-line bug it catches) -------------------
+
+ALLOW, DENY, PAIR = Decision.ALLOW, Decision.DENY, Decision.PAIR
+
+
+class _Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _authorizer(auth: dict[str, Any], pairing: PairingStore | None = None,
+                clock: _Clock | None = None) -> Authorizer:
+    return Authorizer(AuthSettings.model_validate(auth), pairing, clock or _Clock())
+
+
+async def _decide(auth: Authorizer, platform: str, user: str, chat: str | None = None) -> Decision:
+    """The decision for ``user`` writing in a DM, or in the group ``chat``."""
+    event = MessageEvent(platform=platform, event_id=uuid.uuid4().hex, chat_id=chat or user,
+                         chat_type="group" if chat else "dm", user_id=user, user_name=None, text="hi")
+    return await auth.check(event)
+
+
+@pytest.fixture
+async def pairing(tmp_path: Path) -> AsyncIterator[PairingStore]:
+    store = await Store.open(f"sqlite:///{tmp_path}/auth.db")
+    yield PairingStore(store)
+    await store.close()
+
+
+async def _approve(pairing: PairingStore, platform: str, user: str) -> None:
+    code = await pairing.issue(platform, user, None, user)
+    assert code is not None and (await pairing.approve(code, "test")).ok
+
+
+@pytest.mark.parametrize("platform", _CHAT_PLATFORMS)
+@pytest.mark.parametrize("dm_pairing", [False, True])
+async def test_a_chat_platform_without_an_auth_entry_denies_everyone(platform: str, dm_pairing: bool,
+                                                                     pairing: PairingStore) -> None:
+    """Deny by default, whatever the other platforms allow: a stranger in a DM is at most offered a code.
+
+    Fails on the mutant ``if pa is None or (pa.allow_all or ...)`` for ``if pa is not None and (...)`` in
+    ``Authorizer.check`` (no entry: allow)."""
+    others = {p: {"allow_all": True, "allowed_users": ["2001"], "allowed_chats": ["-100"]}
+              for p in _CHAT_PLATFORMS if p != platform}
+    auth = _authorizer({"platforms": others, "dm_pairing": dm_pairing}, pairing)
+    assert await _decide(auth, platform, "2001", chat="-100") == DENY
+    assert await _decide(auth, platform, "2001") == (PAIR if dm_pairing else DENY)
+    assert [await _decide(auth, other, "2001") for other in others] == [ALLOW] * len(others)
+
+
+async def test_a_stranger_in_a_dm_is_offered_a_code_only_with_dm_pairing(pairing: PairingStore) -> None:
+    """Fails on the mutant ``if self.cfg.dm_pairing or event.chat_type == "dm" ...`` in ``Authorizer.check``."""
+    off, on = _authorizer({}, pairing), _authorizer({"dm_pairing": True}, pairing)
+    assert [await _decide(off, "telegram", "2001"), await _decide(on, "telegram", "2001")] == [DENY, PAIR]
+    assert await _decide(on, "telegram", "2001", chat="-100") == DENY
+
+
+async def test_webhook_and_cron_events_pass_on_their_signature_or_origin() -> None:
+    """Fails on the mutant ``if event.platform == "webhook":`` for ``if event.platform in SIGNED_PLATFORMS:``."""
+    auth = _authorizer({"admins": ["telegram:1"]})
+    assert [await _decide(auth, p, "github") for p in ("webhook", "cron")] == [ALLOW, ALLOW]
+
+
+async def test_allowlists_admit_their_users_and_chats_on_their_platform_only() -> None:
+    """Fails on the mutant ``event.user_id in pa.allowed_chats`` for ``event.chat_id in pa.allowed_chats``."""
+    auth = _authorizer({"platforms": {"telegram": {"allowed_users": ["1001"], "allowed_chats": ["-100"]}}})
+    assert await _decide(auth, "telegram", "1001") == ALLOW
+    assert await _decide(auth, "telegram", "1001", chat="-200") == ALLOW  # the user, in any chat
+    assert await _decide(auth, "telegram", "3003", chat="-100") == ALLOW  # anyone, in the chat
+    assert await _decide(auth, "telegram", "3003", chat="-200") == DENY
+    assert await _decide(auth, "telegram", "3003") == DENY
+    assert [await _decide(auth, p, "1001", chat="-100") for p in ("discord", "slack")] == [DENY, DENY]
+
+
+async def test_the_denylist_wins_over_allowlists_admins_and_allow_all(pairing: PairingStore) -> None:
+    """Fails on the mutant ``if self.is_denied(event) and not self.is_admin(event.platform, event.user_id):``
+    (an admin exempt from the denylist) in ``Authorizer.check``."""
+    await _approve(pairing, "telegram", "6660")
+    auth = _authorizer({"admins": ["telegram:6660"], "dm_pairing": True, "platforms": {"telegram": {
+        "allow_all": True, "allowed_users": ["6660"], "allowed_chats": ["-100"], "denied_users": ["6660"]}}},
+        pairing)
+    assert await _decide(auth, "telegram", "6660") == DENY  # not even a pairing code
+    assert await _decide(auth, "telegram", "6660", chat="-100") == DENY
+    assert await _decide(auth, "telegram", "1001") == ALLOW
+    assert await _decide(auth, "discord", "6660") == PAIR  # the denylist is the platform's own
+
+
+async def test_admins_are_allowed_on_their_platform_only() -> None:
+    """Fails on the mutant ``return any(a.endswith(f":{user_id}") for a in self._admins)`` in ``is_admin``."""
+    auth = _authorizer({"admins": ["telegram:9000"]})
+    assert [await _decide(auth, "telegram", "9000"), await _decide(auth, "telegram", "9000", chat="-1")] == [
+        ALLOW, ALLOW]
+    assert [await _decide(auth, p, "9000") for p in ("discord", "slack")] == [DENY, DENY]
+    assert auth.is_admin("telegram", "9000") and not auth.is_admin("discord", "9000")
+
+
+async def test_allow_all_admits_everyone_on_its_platform_only() -> None:
+    """Fails on the mutant ``any(p.allow_all for p in self.cfg.platforms.values())`` for ``pa.allow_all``."""
+    auth = _authorizer({"platforms": {"discord": {"allow_all": True}, "slack": {"allowed_users": ["U1"]}}})
+    assert [await _decide(auth, "discord", "7777"), await _decide(auth, "discord", "7777", chat="C9")] == [
+        ALLOW, ALLOW]
+    assert [await _decide(auth, p, "7777") for p in ("telegram", "slack")] == [DENY, DENY]
+
+
+async def test_a_pairing_approval_admits_that_user_on_that_platform_only(pairing: PairingStore) -> None:
+    """The approval is remembered per platform and user: the same id on another platform is someone else.
+
+    Fails on the mutant ``key = ("", user_id)`` for ``key = (platform, user_id)`` in ``_is_approved`` (the
+    cached approval leaks to the other platform)."""
+    await _approve(pairing, "telegram", "2001")
+    auth = _authorizer({"dm_pairing": True}, pairing)
+    assert await _decide(auth, "telegram", "2001") == ALLOW
+    assert await _decide(auth, "telegram", "2001", chat="-100") == ALLOW
+    assert await _decide(auth, "discord", "2001") == PAIR
+    assert await _decide(auth, "discord", "2001", chat="-100") == DENY
+    assert await _decide(auth, "telegram", "2002") == PAIR
+
+
+async def test_a_revoked_approval_stops_working_within_the_cache_ttl(pairing: PairingStore) -> None:
+    """Approvals are cached for 30 s: a revocation takes effect by then, not at the next restart.
+
+    Fails on the mutant ``if seen is not None:`` for ``if seen is not None and self.clock() - seen <
+    _APPROVED_CACHE_SECONDS:`` in ``_is_approved`` (the cache never expires)."""
+    clock = _Clock()
+    await _approve(pairing, "telegram", "2001")
+    auth = _authorizer({}, pairing, clock)
+    assert await _decide(auth, "telegram", "2001") == ALLOW
+    assert await pairing.revoke("telegram", "2001")
+    clock.now += 29.9
+    assert await _decide(auth, "telegram", "2001") == ALLOW  # cached
+    clock.now += 0.1
+    assert await _decide(auth, "telegram", "2001") == DENY
+    clock.now += 100
+    assert await _decide(auth, "telegram", "2001") == DENY
