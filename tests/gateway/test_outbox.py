@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gateway.metrics import Metrics
-from gateway.outbox import MAX_ATTEMPTS, MAX_BACKOFF_SECONDS, OutboxSender, backoff_delay
-from gateway.store import OutboxPart, OutboxRow, Store
+from gateway.outbox import CLAIM_TTL_SECONDS, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS, OutboxSender, backoff_delay
+from gateway.store import Claim, OutboxPart, OutboxRow, Store
 from platforms.base import AdapterState, BasePlatformAdapter, OnMessage, SendResult
 
 RETRY = SendResult(success=False, error="429 too many requests", retryable=True, retry_after=0.01)
@@ -291,6 +291,52 @@ async def test_every_part_is_delivered_exactly_once_in_order_under_churn(store: 
         expected = [f"run-{chat}-{b}:{i}" for b in range(3) for i in range(4)]
         assert platform.delivered(chat) == expected
     assert all(r.status == "sent" for r in rows.values())
+
+
+async def test_a_scan_read_before_a_part_was_sent_does_not_send_it_again(store: Store,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scan that read the store before a part was marked sent still lists it as pending, claimed by this very
+    sender: the sender must remember the part as done for good. Driven step by step: the scans read what the
+    test hands them, the send is awaited through the store's mark_sent, the clock stands still.
+
+    Fails on the mutant ``self._done(lane, row, self.clock())`` for ``self._done(lane, row, float("inf"))`` in
+    ``OutboxSender._drain`` (done only "until now": the stale scan puts the part back and it is sent twice)."""
+    platform = _Platform()
+    stored = await store.enqueue(_parts("A", 1), claim=Claim("me", CLAIM_TTL_SECONDS))
+    assert stored is not None
+    now = time.time()
+    sender = OutboxSender(store, {platform.name: platform}, Metrics(), owner="me", clock=lambda: now,
+                          scan_interval=3600)
+    stale = await store.pending_outbox()  # a scan's read, taken before the part is sent
+    assert [(r.status, r.claimed_by) for r in stale] == [("pending", "me")]
+
+    reads: asyncio.Queue[list[OutboxRow]] = asyncio.Queue()
+    scanned, sent = asyncio.Event(), asyncio.Event()
+
+    async def scan_read(limit: int = 500) -> list[OutboxRow]:
+        rows = await reads.get()
+        scanned.set()  # the scan goes on to submit these before the test runs again
+        return rows
+
+    mark_sent = store.mark_sent
+
+    async def marked_sent(outbox_id: int, platform_message_id: str | None) -> None:
+        await mark_sent(outbox_id, platform_message_id)
+        sent.set()  # the lane then forgets the part and ends before the test runs again
+
+    monkeypatch.setattr(store, "pending_outbox", scan_read)
+    monkeypatch.setattr(store, "mark_sent", marked_sent)
+    sender.submit(stored)
+    sender.start()
+    try:
+        await asyncio.wait_for(sent.wait(), 5)
+        assert platform.delivered() == ["run-A:0"] and not sender.busy
+        await reads.put(stale)
+        await asyncio.wait_for(scanned.wait(), 5)
+        assert not sender.busy, "the stale scan put the sent part back to be sent again"
+    finally:
+        await sender.stop()
+    assert len(platform.calls) == 1 and (await _rows(store))["run-A:0"].status == "sent"
 
 
 async def test_stop_is_prompt_when_a_wake_coincides_with_it(store: Store) -> None:
