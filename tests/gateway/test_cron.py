@@ -249,6 +249,42 @@ def test_plan_fire_one_shot_ends_after_its_time() -> None:
     assert (plan.fire_for, plan.next_at) == (T0, None)
 
 
+# -- the job table's compare-and-set ----------------------------------------------
+
+@pytest.fixture
+async def cron_store(store_url: str) -> AsyncIterator[CronStore]:
+    """Cron jobs on a fresh database: once on SQLite, once on PostgreSQL."""
+    store = await Store.open(store_url)
+    yield CronStore(store)
+    await store.close()
+
+
+async def test_advance_from_a_stale_copy_of_the_job_is_refused(cron_store: CronStore) -> None:
+    """Two schedulers that read the job before either fired it advance it once: the second one's copy names a
+    next fire time the job no longer has, so its advance changes nothing (no second fire counted, no ending).
+
+    Fails on the mutant ``return await self._update(cron_jobs_t.c.id == job.id, **values)`` in
+    ``CronStore.advance`` (the compare-and-set on the previous ``next_fire_at`` dropped)."""
+    due = datetime(2031, 5, 6, 9, 0, tzinfo=UTC)
+    job = _job("water the plants", "every 2h", repeat=2)
+    job.next_fire_at = due
+    created = await cron_store.create(job)
+    mine, theirs = await cron_store.get(created.id), await cron_store.get(created.id)
+    assert mine is not None and theirs is not None
+
+    first = await cron_store.advance(mine, due + timedelta(hours=2), due, None)
+    assert first is not None and (first.fires, first.next_fire_at) == (1, due + timedelta(hours=2))
+    assert await cron_store.advance(theirs, due + timedelta(hours=2), due, None) is None
+    assert await cron_store.advance(theirs, None, due, {"missed": 1}) is None  # would end the job
+    stored = await cron_store.get(created.id)
+    assert stored is not None
+    assert (stored.fires, stored.next_fire_at, stored.state, stored.last_misfire) == (
+        1, due + timedelta(hours=2), "active", None)
+
+    second = await cron_store.advance(first, due + timedelta(hours=4), due + timedelta(hours=2), None)
+    assert second is not None and (second.fires, second.state, second.next_fire_at) == (2, "done", None)
+
+
 # -- real restarts ----------------------------------------------------------
 
 class _GatewayProcess:
