@@ -216,10 +216,12 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 
 @pytest.fixture
 async def make_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
-    """Start a gateway (and its simulators) with config overrides; everything stops at teardown."""
+    """Start a gateway (and its simulators) with config overrides (and more platform doubles beside the
+    RecordingAdapter as ``telegram``); everything stops at teardown."""
     started: list[Harness] = []
 
-    async def factory(overrides: Mapping[str, Any] | None = None, responder: Any = None) -> Harness:
+    async def factory(overrides: Mapping[str, Any] | None = None, responder: Any = None,
+                      adapters: Mapping[str, BasePlatformAdapter] | None = None) -> Harness:
         model = ScriptedModel(responder)
         await model.start()
         sink = CallbackSink()
@@ -227,7 +229,7 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         cfg = parse_config(deep_merge(base_config(tmp_path, model.base_url, sink.url), overrides or {}),
                            env={"HERMES_GATEWAY_HOME": str(tmp_path)})
         chat = RecordingAdapter()
-        gateway = Gateway(cfg, adapters={"telegram": chat})
+        gateway = Gateway(cfg, adapters={"telegram": chat, **(adapters or {})})
         await gateway.start()
         harness = Harness(gateway, model, sink, chat, aiohttp.ClientSession())
         started.append(harness)

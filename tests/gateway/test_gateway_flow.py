@@ -6,6 +6,7 @@ import asyncio
 import json
 
 from gateway.sim.model_server import rules, text, tool_call
+from tests.conftest import RecordingAdapter
 
 
 async def test_webhook_run_with_tool_call_is_delivered_once(make_gateway) -> None:
@@ -39,6 +40,30 @@ async def test_duplicate_delivery_gets_same_run_and_no_second_run(make_gateway) 
     assert len(h.sink.received) == 1
     assert await h.gateway.store.count_runs() == 1
     assert len(h.model.requests) == 1
+
+
+class _Discord(RecordingAdapter):
+    name = "discord"
+
+
+async def test_the_same_event_id_on_two_platforms_is_two_events(make_gateway) -> None:
+    """Platforms number their events independently: the inbox keys them by platform, so one id on two platforms
+    is two events (two runs, two answers), while each platform's own redelivery stays a duplicate.
+
+    Fails on the mutant ``return self.event_id`` for ``return f"{self.platform}:{self.event_id}"`` in
+    ``MessageEvent.dedupe_key`` (the second platform's message is dropped as a duplicate of the first)."""
+    discord = _Discord()
+    h = await make_gateway({"auth": {"platforms": {"discord": {"allowed_users": ["1001"]}}}},
+                           adapters={"discord": discord})
+    first = await h.chat.user_says("from telegram", event_id="1234567890")
+    second = await discord.user_says("from discord", event_id="1234567890")
+    assert first is not None and second is not None
+    assert (first.duplicate, second.duplicate) == (False, False) and first.run_id != second.run_id
+    await h.chat.wait_for(lambda: h.chat.final_texts() == ["Echo: from telegram"])
+    await discord.wait_for(lambda: discord.final_texts() == ["Echo: from discord"])
+    again = await discord.user_says("from discord", event_id="1234567890")
+    assert again is not None and (again.duplicate, again.run_id) == (True, second.run_id)
+    assert await h.gateway.store.count_inbox() == 2 and len(h.model.requests) == 2
 
 
 ONE_AT_A_TIME = {"platforms": {"webhook": {"routes": {"github": {"max_concurrency": 1}}}}}
