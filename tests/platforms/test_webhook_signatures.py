@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from platforms.webhook_signatures import (
@@ -116,24 +117,86 @@ def test_any_one_byte_body_change_fails(scheme: str, body: bytes, index: int, de
     assert _reason(scheme, _mutate(body, index, delta), headers) == "signature mismatch"
 
 
-def _mutate_header(headers: dict[str, str], name: str, index: int, delta: int) -> dict[str, str]:
+def _as_aiohttp_reads(raw: bytes) -> str:
+    """Header bytes as aiohttp hands them over: UTF-8, bytes that are not as lone surrogates."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _as_latin1(raw: bytes) -> str:
+    """Header bytes as WSGI servers hand them over (PEP 3333)."""
+    return raw.decode("latin-1")
+
+
+def _mutate_header(headers: dict[str, str], name: str, index: int, delta: int,
+                   read: Callable[[bytes], str]) -> dict[str, str]:
     raw = headers[name].encode()
-    mutated = _mutate(raw, index, delta).decode("latin-1")
-    return {**headers, name: mutated}
+    return {**headers, name: read(_mutate(raw, index, delta))}
 
 
 @settings(max_examples=60)
 @given(scheme=st.sampled_from(SCHEMES), index=st.integers(min_value=0), delta=st.integers(1, 255))
+@example(scheme="standard-webhooks", index=10, delta=128)  # a byte that is not UTF-8 inside the signature
 def test_any_one_byte_signature_change_fails(scheme: str, index: int, delta: int) -> None:
+    """Refused as a signature mismatch or a malformed signature header, never accepted, never another error.
+
+    Fails on the mutant ``s.encode("utf-8")`` for ``s.encode("utf-8", "surrogateescape")`` in ``_utf8`` (the
+    example: UnicodeEncodeError instead of a refusal)."""
     headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="d")
-    _reason(scheme, BODY, _mutate_header(headers, SIGNATURE_HEADER[scheme], index, delta))
+    name = SIGNATURE_HEADER[scheme]
+    reason = _reason(scheme, BODY, _mutate_header(headers, name, index, delta, _as_aiohttp_reads))
+    assert reason in ("signature mismatch", f"malformed header {name}")
+
+
+_HEX = "0123456789abcdefABCDEF"
+_PRINTABLE = "".join(map(chr, range(0x21, 0x7F)))  # a Standard Webhooks signature is all after "v1,"
+# Per scheme: what precedes the signature in its header, and the characters that keep the header well formed.
+_DIGEST = {"github": ("sha256=", _HEX), "hmac-sha256": ("", _HEX), "standard-webhooks": ("v1,", _PRINTABLE)}
+
+
+@settings(max_examples=80)
+@given(scheme=st.sampled_from(SCHEMES), position=st.integers(min_value=0),
+       char=st.characters(min_codepoint=0x21, max_codepoint=0x7E))
+@example(scheme="standard-webhooks", position=7, char=",")
+def test_a_changed_signature_character_is_a_mismatch(scheme: str, position: int, char: str) -> None:
+    """One character of the signature replaced by another that keeps the header well formed: exactly a mismatch.
+
+    Fails on the mutant ``entry.rpartition(",")`` for ``entry.partition(",")`` in ``verify_standard_webhooks``
+    (the example: a comma inside the signature makes the header "malformed")."""
+    headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="d")
+    name = SIGNATURE_HEADER[scheme]
+    prefix, alphabet = _DIGEST[scheme]
+    value = headers[name]
+    i = len(prefix) + position % (len(value) - len(prefix))
+    if char not in alphabet:
+        char = alphabet[ord(char) % len(alphabet)]
+    if char == value[i]:
+        char = alphabet[(alphabet.index(char) + 1) % len(alphabet)]
+    changed = {**headers, name: value[:i] + char + value[i + 1:]}
+    assert _reason(scheme, BODY, changed) == "signature mismatch"
+
+
+def _timestamp_reason(value: str) -> str:
+    """What a changed timestamp must be refused for (the signature covers it: within the tolerance, a mismatch)."""
+    if not (value.isascii() and value.isdigit()):
+        return "timestamp not numeric"
+    if int(value) < NOW - 300:
+        return "timestamp too old"
+    return "timestamp in the future" if int(value) > NOW + 300 else "signature mismatch"
 
 
 @settings(max_examples=60)
-@given(scheme=st.sampled_from(TIMED), index=st.integers(min_value=0), delta=st.integers(1, 255))
-def test_any_one_byte_timestamp_change_fails(scheme: str, index: int, delta: int) -> None:
+@given(scheme=st.sampled_from(TIMED), index=st.integers(min_value=0), delta=st.integers(1, 255),
+       read=st.sampled_from([_as_aiohttp_reads, _as_latin1]))
+@example(scheme="hmac-sha256", index=0, delta=0x81, read=_as_latin1)  # "1" -> "\xb2", a superscript two
+def test_any_one_byte_timestamp_change_fails(scheme: str, index: int, delta: int,
+                                             read: Callable[[bytes], str]) -> None:
+    """Refused for exactly the reason the changed value calls for.
+
+    Fails on the mutant ``if not raw.isdigit():`` for ``if not (raw.isascii() and raw.isdigit()):`` in
+    ``_check_timestamp`` (the example: "timestamp in the future" for a non-ASCII digit)."""
     headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="d")
-    _reason(scheme, BODY, _mutate_header(headers, TIMESTAMP_HEADER[scheme], index, delta))
+    changed = _mutate_header(headers, TIMESTAMP_HEADER[scheme], index, delta, read)
+    assert _reason(scheme, BODY, changed) == _timestamp_reason(changed[TIMESTAMP_HEADER[scheme]])
 
 
 def test_changing_a_timestamp_within_tolerance_is_a_mismatch() -> None:
