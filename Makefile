@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint chaos bench bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron \
-	bench-sandbox bench-profile bench-replicas soak clean
+	bench-sandbox bench-profile bench-replicas soak mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,5 +69,11 @@ bench-profile: $(STAMP)
 soak: $(STAMP)
 	$(BENCH).bench_memory --sessions 0 --messages 50000 --users 5000 --rate 35 --webhook-rate 2 --name soak
 
+# Mutation testing (bench/mutation_report.py): mutmut over the modules that carry guarantees, each judged by its
+# own tests (PostgreSQL started as for bench-replicas); the kill rate per module and every mutant not killed go to
+# bench/results/mutation.json and a section of bench/RESULTS.md. About an hour; not part of `make test`.
+mutate: $(STAMP)
+	HERMES_TEST_PG_URL="$${HERMES_TEST_PG_URL:-$$(.ci/start-postgres)}" $(BIN)/python -m bench.mutation_report
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-mutate mutants .pytest_cache .ruff_cache .hypothesis
