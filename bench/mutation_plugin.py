@@ -1,21 +1,27 @@
 """pytest plugin for ``make mutate`` only (mutmut loads it with ``-p bench.mutation_plugin``).
 
-mutmut runs the tests in its copy of the tree (``mutants/``) and picks the active mutant from
-``MUTANT_UNDER_TEST``. The mutation virtualenv (``.venv-mutate``, a copy of ``.venv`` whose editable
-install points at ``mutants/``) makes every interpreter import the copy, ``python -I`` ones included.
-Gateways the tests start as subprocesses also inherit the variable. The tool sandbox's workers do not:
-their environment is built from an allowlist, and ``-m tools.sandbox.worker`` would run the worker as
-``__main__``, where no mutant of ``tools.sandbox.worker`` applies. So while a mutant is active this
-plugin starts workers by importing the module, with the mutant set inside the interpreter (not in its
-environment, which the sandbox tests compare with the gateway's). While mutmut maps tests to functions,
-a test that starts a worker counts as covering every function of ``tools/sandbox/worker.py`` (calls in
-a subprocess are not seen by mutmut's trampolines).
+mutmut runs the tests in its copy of the tree (``mutants/``), picks the active mutant from
+``MUTANT_UNDER_TEST``, and maps tests to functions by recording calls in the test process. The mutation
+virtualenv (``.venv-mutate``, a copy of ``.venv`` whose editable install points at ``mutants/``) makes
+every interpreter import the copy, ``python -I`` ones included, and gateways or CLIs the tests start
+inherit the variable. Two things need help, and get it here:
+
+- while mutmut maps tests to functions, calls in those subprocesses are invisible to it: they append
+  the functions they run to files in ``$HERMES_MUTMUT_HITS`` (the hook ``bench/mutation_report.py``
+  installs in ``.venv-mutate``), read here when each test ends. A test that starts a sandbox worker
+  (whose environment is an allowlist) counts as covering every function of ``tools/sandbox/worker.py``;
+- sandbox workers get no environment from the gateway, and ``-m tools.sandbox.worker`` would run the
+  worker as ``__main__``, where no mutant of ``tools.sandbox.worker`` applies: while a mutant is active
+  they are started by importing the module, with the mutant set inside the interpreter (not in its
+  environment, which the sandbox tests compare with the gateway's).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -56,3 +62,18 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("bench.mutation_plugin is for mutmut's runs in mutants/ only")
     original = pool.worker_command
     pool.worker_command = lambda: _worker_command(original())
+    os.environ.setdefault("HERMES_MUTMUT_HITS", tempfile.mkdtemp(prefix="mutmut-hits-"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Before mutmut files this test's calls (its own teardown hook): add those its subprocesses reported."""
+    from mutmut.mutation.trampoline import get_mutant_under_test
+    from mutmut.stats import record_trampoline_hit
+
+    hits = Path(os.environ["HERMES_MUTMUT_HITS"])
+    for path in hits.glob("*.hits"):
+        if get_mutant_under_test() == "stats":
+            for name in path.read_text(encoding="utf-8").split():
+                record_trampoline_hit(name)
+        path.unlink(missing_ok=True)

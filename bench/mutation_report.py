@@ -129,6 +129,29 @@ def function_of(mutant: str) -> str:
 
 # -- the mutation virtualenv ---------------------------------------------------------------------------------
 
+# Loaded at start-up by every interpreter of .venv-mutate (a .pth file): while mutmut maps tests to functions
+# (MUTANT_UNDER_TEST=stats), a process the test started (a gateway, the CLI) appends each function it runs to
+# a file that bench/mutation_plugin.py reads when the test ends: one line per function, written at once, so
+# a gateway killed with SIGKILL has reported what it ran.
+_HITS_HOOK = """\
+import os
+
+_DIR = os.environ.get("HERMES_MUTMUT_HITS")
+if _DIR and os.environ.get("MUTANT_UNDER_TEST") == "stats":
+    import mutmut.stats
+
+    _seen = set()
+
+    def _record(name, caller=None):
+        if name not in _seen:
+            _seen.add(name)
+            with open(os.path.join(_DIR, f"{os.getpid()}.hits"), "a") as out:
+                out.write(name + "\\n")
+
+    mutmut.stats.record_trampoline_hit = _record
+"""
+
+
 def mutation_venv(venv: Path) -> Path:
     """``.venv-mutate``: a copy of ``venv`` whose editable install maps the packages to ``mutants/``."""
     stamp = MUTATE_VENV / ".copied"
@@ -150,6 +173,9 @@ def mutation_venv(venv: Path) -> Path:
             moved = {name: str(MUTANTS / Path(where).name) for name, where in packages.items()}
             finder.write_text(text.replace(mapping.group(1), repr(moved)), encoding="utf-8")
         stamp.write_text(str(venv.resolve()))
+    for site in MUTATE_VENV.glob("lib/python*/site-packages"):
+        (site / "_hermes_mutmut_hits.py").write_text(_HITS_HOOK, encoding="utf-8")
+        (site / "_hermes_mutmut_hits.pth").write_text("import _hermes_mutmut_hits\n", encoding="utf-8")
     return MUTATE_VENV / "bin" / "python"
 
 
@@ -294,16 +320,30 @@ def normalize(lines: list[str]) -> list[str]:
 
 
 def match_triage(survivor: Survivor, entries: list[dict[str, Any]]) -> dict[str, str]:
-    """The triage entry for this mutant: same file and function, same removed and added lines (mutmut's
-    numbers change whenever a function does, the lines do not); else the wording rule."""
-    for entry in entries:
-        if (entry.get("file") == survivor.file and entry.get("function") == survivor.function
-                and normalize(entry.get("minus", [])) == normalize(survivor.minus)
-                and normalize(entry.get("plus", [])) == normalize(survivor.plus)):
-            return {k: str(v) for k, v in entry.items() if k in ("class", "why", "test")}
-    if _only_message_wording(survivor):
-        return {"class": "immaterial", "why": "the wording of an exception's message (by rule: only the text of "
-                                              "a string literal in a raise statement changed)"}
+    """The triage of this mutant. An entry names a ``file``, a ``function`` (fnmatch, default every one), and
+    optionally the removed lines (``minus``), the added ones (``plus``), or ``wording = true`` (only a string
+    literal's text changed: mutmut's ``"XX..XX"`` and case mutations). Lines, not mutmut's numbers, which
+    change whenever a function does. The most specific entry wins; without one, a raise statement's message
+    (its text, or None for it) is immaterial by rule."""
+    def specificity(entry: dict[str, Any]) -> int:
+        return 4 * ("plus" in entry) + 2 * ("minus" in entry) + bool(entry.get("wording"))
+
+    wording = _only_wording(survivor)
+    for entry in sorted(entries, key=specificity, reverse=True):
+        if entry.get("file") != survivor.file or not fnmatch.fnmatchcase(survivor.function,
+                                                                          entry.get("function", "*")):
+            continue
+        if "minus" in entry and normalize(entry["minus"]) != normalize(survivor.minus):
+            continue
+        if "plus" in entry and normalize(entry["plus"]) != normalize(survivor.plus):
+            continue
+        if entry.get("wording") and not wording:
+            continue
+        return {k: str(v) for k, v in entry.items() if k in ("class", "why", "test")}
+    raising = len(survivor.minus) == 1 and survivor.minus[0].strip().startswith("raise ")
+    if raising and (wording or _message_dropped(survivor)):
+        return {"class": "immaterial", "why": "an exception's message (by rule: only the text of the message "
+                                              "in a raise statement changed, or None took its place)"}
     return {}
 
 
@@ -320,9 +360,9 @@ def _string_tokens(lines: list[str]) -> tuple[list[tuple[int, str]], list[str]] 
     return [(k, "" if k == tokenize.STRING else v) for k, v in kinds], [v for k, v in kinds if k == tokenize.STRING]
 
 
-def _only_message_wording(survivor: Survivor) -> bool:
-    """mutmut's string mutations (``"XX...XX"``, upper or lower case) of the message in a ``raise`` line."""
-    if len(survivor.minus) != 1 or len(survivor.plus) != 1 or not survivor.minus[0].strip().startswith("raise "):
+def _only_wording(survivor: Survivor) -> bool:
+    """Only string literals' text changed, the way mutmut changes it (``"XX...XX"``, upper or lower case)."""
+    if len(survivor.minus) != 1 or len(survivor.plus) != 1:
         return False
     before, after = _string_tokens(survivor.minus), _string_tokens(survivor.plus)
     if before is None or after is None or before[0] != after[0]:
@@ -330,6 +370,12 @@ def _only_message_wording(survivor: Survivor) -> bool:
     changed = [(a, b) for a, b in zip(before[1], after[1], strict=True) if a != b]
     return bool(changed) and all(b.replace("XX", "") in (a, a.upper(), a.lower()) or b.upper() == a.upper()
                                  for a, b in changed)
+
+
+def _message_dropped(survivor: Survivor) -> bool:
+    """``raise Error(<message>)`` became ``raise Error(None)``."""
+    before = re.fullmatch(r"raise (\w+)\((.+)\)( from \w+)?", survivor.minus[0].strip())
+    return before is not None and survivor.plus[0].strip() == f"raise {before[1]}(None){before[3] or ''}"
 
 
 def collect(modules: list[str]) -> tuple[dict[str, dict[str, Any]], list[Survivor]]:
@@ -448,6 +494,22 @@ def write_markdown(text: str) -> None:
     RESULTS_MD.write_text(current[:start] + text + ("\n" + tail if tail else ""), encoding="utf-8")
 
 
+def stubs() -> int:
+    """Triage entries for the unclassified survivors of the last report, to fill in (class, why, test)."""
+    payload = json.loads(RESULTS_JSON.read_text(encoding="utf-8"))
+    for s in payload["survivors"]:
+        if s["class"] != "unclassified":
+            continue
+        body = [line for line in s["diff"].splitlines()[2:] if not line.startswith("@@")]
+        minus = [line[1:].strip() for line in body if line.startswith("-")]
+        plus = [line[1:].strip() for line in body if line.startswith("+")]
+        print(f"[[mutant]]  # {s['file']}:{s['line']} {s['status']}")
+        print(f"file = {json.dumps(s['file'])}\nfunction = {json.dumps(s['function'], ensure_ascii=False)}")
+        print(f"minus = {json.dumps(minus, ensure_ascii=False)}\nplus = {json.dumps(plus, ensure_ascii=False)}")
+        print('class = ""\nwhy = ""\n')
+    return 0
+
+
 def publish(checkout: Path) -> int:
     """The JSON and RESULTS.md section of a run in ``checkout``, written into this one."""
     payload = json.loads((checkout / RESULTS_JSON.relative_to(ROOT)).read_text(encoding="utf-8"))
@@ -497,11 +559,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from mutants/")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch bench/RESULTS.md")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the project's virtualenv to copy")
+    parser.add_argument("--stubs", action="store_true",
+                        help="print bench/mutation_triage.toml entries to fill in for the unclassified survivors")
     parser.add_argument("--publish", type=Path, metavar="CHECKOUT",
                         help="copy the report of a run in another checkout (a clean one of a commit, say) here")
     args = parser.parse_args(argv)
     if args.publish:
         return publish(args.publish)
+    if args.stubs:
+        return stubs()
     started = time.monotonic()
     previous = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() else {}
     if not args.report_only:
