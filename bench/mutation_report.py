@@ -63,10 +63,11 @@ class Scope:
 # (the whole run has to fit in about an hour on two cores; the sandbox's tests start real workers).
 SCOPE: dict[str, Scope] = {
     "gateway/auth.py": Scope(("tests/gateway/test_auth.py",)),
-    "gateway/pairing.py": Scope(("tests/gateway/test_auth.py",)),
-    "platforms/webhook_signatures.py": Scope(("tests/platforms/test_webhook_signatures.py",)),
+    "gateway/pairing.py": Scope(("tests/gateway/test_auth.py", "tests/gateway/test_pairing_mutants.py")),
+    "platforms/webhook_signatures.py": Scope(("tests/platforms/test_webhook_signatures.py",
+                                              "tests/platforms/test_webhook_signatures_mutants.py")),
     "gateway/store.py": Scope(
-        ("tests/gateway/test_store.py", "tests/gateway/test_outbox.py"),
+        ("tests/gateway/test_store.py", "tests/gateway/test_outbox.py", "tests/gateway/test_store_mutants.py"),
         ("xǁStoreǁaccept", "xǁStoreǁstart_run", "xǁStoreǁfinish_run", "x__finish_run", "x__store_parts",
          "x__outbox_values", "xǁStoreǁenqueue", "xǁStoreǁpending_outbox", "xǁStoreǁclaim_outbox",
          "xǁStoreǁexpire_claims", "xǁStoreǁabandon_claims", "xǁStoreǁmark_sent", "xǁStoreǁmark_retry",
@@ -74,32 +75,33 @@ SCOPE: dict[str, Scope] = {
          "xǁStoreǁgive_back_attempt", "xǁStoreǁgive_up_run"),
         "accept, runs' start and finish, and the outbox's enqueue, claim, expiry and marks; not the schema "
         "migrations, row mapping, history or the tools' and platforms' key-value state"),
-    "gateway/outbox.py": Scope(("tests/gateway/test_outbox.py",)),
+    "gateway/outbox.py": Scope(("tests/gateway/test_outbox.py", "tests/gateway/test_outbox_mutants.py")),
     "gateway/session.py": Scope(("tests/gateway/test_sessions.py",)),
     "gateway/cron_store.py": Scope(
-        ("tests/gateway/test_cron.py",),
+        ("tests/gateway/test_cron.py", "tests/gateway/test_cron_store_mutants.py"),
         ("xǁCronStoreǁadvance", "xǁCronStoreǁrecord_run", "xǁCronStoreǁfire_claimed", "xǁCronStoreǁ_update",
          "xǁCronStoreǁpause", "xǁCronStoreǁresume", "x_resume_time", "xǁCronStoreǁrequest_run",
          "xǁCronStoreǁclear_run_request", "xǁCronStoreǁdelete", "xǁCronStoreǁcount_owned"),
         "the compare-and-set writes (advance, record, claim, pause/resume, run requests, delete); not the "
         "row mapping or reads"),
     "gateway/cron.py": Scope(
-        ("tests/gateway/test_cron.py",),
+        ("tests/gateway/test_cron.py", "tests/gateway/test_cron_mutants.py"),
         ("x_plan_fire", "x_fire_event_id", "xǁCronServiceǁ_claim", "xǁCronServiceǁ_fire",
          "xǁCronServiceǁrun_finished", "xǁCronServiceǁshould_deliver", "xǁCronServiceǁ_catch_up",
          "xǁCronServiceǁ_schedule", "xǁCronServiceǁ_delete_finished", "xǁCronServiceǁ_run_requested"),
         "the scheduler's decisions (when to fire, catch-up, claim, deliver, repeat); not job validation, "
         "the CRUD surface or start/stop"),
     "tools/workspace.py": Scope(("tests/tools/test_workspace.py", "tests/tools/test_file_tools.py")),
-    "tools/url_safety.py": Scope(("tests/tools/test_url_safety.py", "tests/tools/test_web_tools.py")),
+    "tools/url_safety.py": Scope(("tests/tools/test_url_safety.py", "tests/tools/test_web_tools.py",
+                                   "tests/tools/test_url_safety_mutants.py")),
     "gateway/logs.py": Scope(
-        ("tests/gateway/test_logs.py", "tests/gateway/test_redaction_e2e.py"),
+        ("tests/gateway/test_logs.py", "tests/gateway/test_redaction_e2e.py", "tests/gateway/test_logs_mutants.py"),
         ("xǁRedactorǁ*", "xǁ_Formǁ*", "x__forms", "x__base64_forms", "x__url_atoms", "x__compile", "x__batches",
          "x__re2", "x__is_unicode", "x__any_case", "x__literal", "xǁ_RedactingFormatterǁformat",
          "xǁ_JsonFormatterǁformat"),
         "redaction; not setup_logging"),
     "tools/registry.py": Scope(
-        ("tests/tools/test_registry.py", "tests/test_model_tools.py"),
+        ("tests/tools/test_registry.py", "tests/test_model_tools.py", "tests/tools/test_registry_mutants.py"),
         ("xǁToolRegistryǁregister", "xǁToolRegistryǁderegister", "xǁToolRegistryǁderegister_toolset",
          "xǁToolRegistryǁdispatch", "xǁToolRegistryǁrun_here", "xǁToolRegistryǁ_check_fn_cached",
          "xǁToolRegistryǁunavailable_reason", "xǁToolRegistryǁis_available", "xǁToolRegistryǁavailable",
@@ -107,16 +109,15 @@ SCOPE: dict[str, Scope] = {
          "x_truncate_result", "x_sanitize_error_text"),
         "registration and override rules, availability, dispatch and error hygiene; not discovery"),
     "tools/sandbox/pool.py": Scope(
-        ("tests/tools/test_sandbox.py",),
-        ("xǁSandboxPoolǁ_timeout_for", "x_exit_text", "xǁSandboxPoolǁ_surplus", "xǁ_Workerǁkill",
-         "xǁ_Workerǁcall", "xǁ_Workerǁ_wait"),
-        "the limits: a call's deadline, how a worker's end is reported, killing and reaping, the idle "
-        "surplus; not start-up, the pool's bookkeeping or the workspace's ownership"),
+        ("tests/tools/test_sandbox.py", "tests/tools/test_sandbox_mutants.py"),
+        ("xǁSandboxPoolǁ_timeout_for", "x_exit_text", "xǁ_Workerǁkill"),
+        "the limits: a call's deadline, how a worker's end is reported, killing its process group; not "
+        "start-up, waiting, the pool's size or bookkeeping (each of their mutants costs a minute of real workers)"),
     "tools/sandbox/worker.py": Scope(
-        ("tests/tools/test_sandbox.py",),
-        ("x__set_limits", "x__limit_cpu", "x_drop_privileges", "x__clear_tmp"),
-        "the limits (rlimits, the per-call CPU budget, dropping root, clearing /tmp between calls); not "
-        "the frame loop or the reaping of leftovers"),
+        ("tests/tools/test_sandbox.py", "tests/tools/test_sandbox_mutants.py"),
+        ("x__set_limits", "x__limit_cpu", "x_drop_privileges"),
+        "the limits: rlimits, the per-call CPU budget, dropping root; not the frame loop or the cleaning between "
+        "calls"),
 }
 def module_of(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
@@ -555,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", nargs="+", choices=list(SCOPE), default=list(SCOPE),
                         help="source files to mutate (default: all of SCOPE)")
-    parser.add_argument("--max-children", type=int, default=2, help="mutants tested at a time")
+    parser.add_argument("--max-children", type=int, default=3,
+                        help="mutants tested at a time (3 on 2 cores: the tests mostly wait on sockets and workers)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from mutants/")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch bench/RESULTS.md")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the project's virtualenv to copy")

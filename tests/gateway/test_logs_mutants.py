@@ -1,0 +1,121 @@
+"""Redaction rules that ``make mutate`` found unpinned: each test names the mutants of ``gateway/logs.py`` it
+kills."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+import re2
+
+import gateway.logs as logs
+from gateway.logs import REDACTED, Redactor
+
+
+def _secrets(n: int, length: int = 40) -> list[str]:
+    return [f"secret-{i:03d}-" + "q" * (length - 11) for i in range(n)]
+
+
+def test_secrets_past_one_batch_are_all_redacted() -> None:
+    """Kills _compile's ``batches = _batches(...)`` (only the last batch kept), ``batches -= ...``,
+    ``_batches(None)``, ``list(None)`` and ``pending = None`` (40 secrets' forms outgrow one RE2 pattern)."""
+    secrets = _secrets(40)
+    redact = Redactor(secrets)
+    assert len(redact._patterns.batches) > 1
+    for secret in secrets:
+        assert redact(f"key={secret};") == f"key={REDACTED};"
+
+
+def test_forms_too_large_together_are_compiled_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kills _batches' split mutants: ``len(forms) >= 1`` (an empty batch that matches everywhere), ``> 2``
+    (two forms dropped instead of split), ``half = None`` / ``/ 2`` / ``// 3``, ``-`` between the halves and
+    ``_batches(None)`` for either half. RE2 is made to refuse any pattern over 300 characters."""
+    compile_re2 = logs._re2
+
+    def small_re2(pattern: str, *, longest: bool = False) -> logs._Regex:
+        if len(pattern) > 300 and not pattern.endswith("\\z"):
+            raise re2.error("pattern too large")
+        return compile_re2(pattern, longest=longest)
+
+    monkeypatch.setattr(logs, "_re2", small_re2)
+    forms = [logs._Form(logs._literal(word)) for word in ("alpha-secret-" + "a" * 200, "beta-secret-" + "b" * 200)]
+    batches = logs._batches(forms)
+    assert len(batches) == 2
+    text = f"x {'alpha-secret-' + 'a' * 200} y {'beta-secret-' + 'b' * 200} z"
+    for batch in batches:
+        text = batch.forms.sub(REDACTED, text)
+    assert text == f"x {REDACTED} y {REDACTED} z"
+    assert logs._batches([logs._Form(logs._literal("c" * 400))]) == []  # alone and too large: left out
+
+
+def test_a_secret_that_extends_another_is_redacted_whole() -> None:
+    """Kills _batches' ``longest=True`` -> ``None`` / ``False`` / left out (the shorter secret's form would win
+    the alternation and leave the rest of the longer one in the text) and _re2's ``longest_match = None``."""
+    short, long = "abcdefgh", "abcdefgh-and-the-rest"
+    redact = Redactor([short, long])
+    assert redact(f"token {long} end") == f"token {REDACTED} end"
+
+
+def test_a_long_secrets_start_is_held_back_from_an_unfinished_text() -> None:
+    """Kills _Form.start_pattern's mutants (the last atom, the ``(?s:.*)`` for a form longer than
+    ``_UNFINISHED_ATOMS``, the loop over the earlier atoms) and _batches' ``"XX(?:{})\\zXX"`` / ``format(None)``
+    / ``"XX|XX"``: a streamed answer ending with the first 70 characters of a 100-character secret."""
+    secret = "".join(chr(ord("a") + (i * 7) % 26) for i in range(100))
+    redact = Redactor([secret])
+    assert redact.redact_unfinished(f"the key is\n{secret[:70]}") == "the key is\n"
+    assert redact.redact_unfinished(f"the key is\n{secret[:3]}") == "the key is\n"
+    assert redact.redact_unfinished("the key is\nnothing") == "the key is\n"  # the last word, always
+    assert redact.redact_unfinished("the key is nothing\n") == "the key is nothing\n"
+
+
+def test_an_unfinished_text_without_a_held_back_tail_is_shown_whole() -> None:
+    """Kills redact_unfinished's ``default=None`` (with no tail to hold back, the whole text is shown)."""
+    assert Redactor().redact_unfinished("") == ""
+    assert Redactor(["configured-secret"]).redact_unfinished("done.\n") == "done.\n"
+
+
+def test_text_with_lone_surrogates_keeps_them_through_redaction() -> None:
+    """Kills ``surrogatepass`` dropped or misspelt in __call__ and redact_unfinished (a file name decoded with
+    surrogateescape would raise instead of being redacted)."""
+    redact = Redactor(["configured-secret"])
+    text = "file \udcff name configured-secret\n"
+    assert redact(text) == f"file \udcff name {REDACTED}\n"
+    assert redact.redact_unfinished(text) == f"file \udcff name {REDACTED}\n"
+
+
+def test_a_secret_with_a_lone_surrogate_is_redacted_in_its_encodings() -> None:
+    """Kills _forms' ``surrogatepass`` mutants (``errors`` dropped or misspelt for the bytes and the percent
+    forms) and _is_unicode's ``return True`` (RE2 asked to spell a lone surrogate)."""
+    secret = "pass\udcffword-123"
+    redact = Redactor([secret])
+    data = secret.encode("utf-8", "surrogatepass")
+    assert REDACTED in redact(f"hex {data.hex()} end")
+    assert REDACTED in redact(f"url {logs.quote(secret, safe='', errors='surrogatepass')} end")
+
+
+def test_a_non_ascii_secret_is_redacted_json_escaped_and_as_is() -> None:
+    """Kills _forms' ``json.dumps(None, ...)`` and ``ensure_ascii=True`` / left out for the unescaped JSON form."""
+    secret = "mot-de-passe-été"
+    redact = Redactor([secret])
+    assert redact(json.dumps({"k": secret}, ensure_ascii=False)) == json.dumps({"k": REDACTED})
+    assert redact(json.dumps({"k": secret})) == json.dumps({"k": REDACTED})
+
+
+def test_json_log_lines_carry_their_fields_redacted() -> None:
+    """Kills _JsonFormatter.format's key and value mutants (``ts``, ``logger``, ``msg``, ``exc``, the time zone,
+    the traceback) and ``ensure_ascii=True`` / left out."""
+    logs.redactor.add(["json-log-secret"])
+    record = logging.LogRecord("gateway.test", logging.ERROR, __file__, 1, "café json-log-secret", (), None)
+    try:
+        raise ValueError("boom json-log-secret")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    line = logs._JsonFormatter().format(record)
+    entry = json.loads(line)
+    assert set(entry) == {"ts", "level", "logger", "msg", "exc"}
+    assert entry["ts"].endswith("+00:00") and entry["level"] == "ERROR" and entry["logger"] == "gateway.test"
+    assert entry["msg"] == f"café {REDACTED}"
+    assert "ValueError: boom" in entry["exc"] and "json-log-secret" not in entry["exc"]
+    assert "café" in line
