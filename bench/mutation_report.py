@@ -76,7 +76,7 @@ SCOPE: dict[str, Scope] = {
         "accept, runs' start and finish, and the outbox's enqueue, claim, expiry and marks; not the schema "
         "migrations, row mapping, history or the tools' and platforms' key-value state"),
     "gateway/outbox.py": Scope(("tests/gateway/test_outbox.py", "tests/gateway/test_outbox_mutants.py")),
-    "gateway/session.py": Scope(("tests/gateway/test_sessions.py",)),
+    "gateway/session.py": Scope(("tests/gateway/test_sessions.py", "tests/gateway/test_session_mutants.py")),
     "gateway/cron_store.py": Scope(
         ("tests/gateway/test_cron.py", "tests/gateway/test_cron_store_mutants.py"),
         ("xǁCronStoreǁadvance", "xǁCronStoreǁrecord_run", "xǁCronStoreǁfire_claimed", "xǁCronStoreǁ_update",
