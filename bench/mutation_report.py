@@ -238,26 +238,52 @@ def narrow_test_map(modules: list[str]) -> None:
     stats_path.write_text(json.dumps(stats, indent=1), encoding="utf-8")
 
 
-def run(modules: list[str], max_children: int, venv: Path) -> None:
-    check_config(modules)
-    python = mutation_venv(venv)
-    shutil.rmtree(MUTANTS, ignore_errors=True)  # every run judges every mutant in scope afresh
-    # Step 1: the mutants and the function -> tests map. mutmut has no command that stops there, so it is
-    # asked for a mutant that does not exist (numbers start at 1): it stops right after the map.
-    MUTANTS.mkdir()
-    log = MUTANTS / "step1.log"
+def map_tests(python: Path, modules: list[str], log: Path) -> None:
+    """mutmut's mutants and function -> tests map (for the tests it has not mapped yet), cut down to SCOPE.
+    mutmut has no command that stops there, so it is asked for a mutant that does not exist (numbers start at
+    1): it stops right after the map."""
     with log.open("w") as out:
         print(f"$ mutmut run {module_of(modules[0])}.*__mutmut_0  (mutants and the test map; log: {log})",
               flush=True)
         subprocess.call([str(python), "-c", MUTMUT, "run", f"{module_of(modules[0])}.*__mutmut_0"],
                         cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    if not (MUTANTS / "mutmut-stats.json").exists():
+    if not (MUTANTS / "mutmut-stats.json").exists() or "Traceback" not in log.read_text(errors="replace"):
         sys.stdout.write(log.read_text(encoding="utf-8", errors="replace")[-4000:])
         raise SystemExit("mutmut did not map the tests to functions (its output is above)")
     narrow_test_map(modules)
+
+
+def run(modules: list[str], max_children: int, venv: Path) -> None:
+    check_config(modules)
+    python = mutation_venv(venv)
+    shutil.rmtree(MUTANTS, ignore_errors=True)  # every run judges every mutant in scope afresh
+    MUTANTS.mkdir()
+    map_tests(python, modules, MUTANTS / "step1.log")
     status = mutmut(python, "run", "--max-children", str(max_children), *run_patterns(modules))
     if status:
         raise SystemExit(f"mutmut run exited with {status}")
+
+
+def rerun_survivors(modules: list[str], max_children: int, venv: Path) -> int:
+    """Try the last run's survivors again, with tests added since to the test files it already used (a new
+    test file changes mutmut's configuration, which makes it start over: run without --rerun then)."""
+    from mutmut.stats import status_by_exit_code
+
+    check_config(modules)
+    python = mutation_venv(venv)
+    if not (MUTANTS / "mutmut-stats.json").exists():
+        raise SystemExit("no earlier run in mutants/ to rerun")
+    map_tests(python, modules, MUTANTS / "rerun.log")
+    names = [name for path in modules if (MUTANTS / f"{path}.meta").exists()
+             for name, code in json.loads((MUTANTS / f"{path}.meta").read_text(encoding="utf-8"))[
+                 "exit_code_by_key"].items()
+             if in_scope(name, SCOPE[path]) and status_by_exit_code[code] not in KILLED | {"not checked", "skipped"}]
+    if not names:
+        return 0
+    status = mutmut(python, "run", "--max-children", str(max_children), *names)
+    if status:
+        raise SystemExit(f"mutmut run exited with {status}")
+    return len(names)
 
 
 # -- the report -----------------------------------------------------------------------------------------------
@@ -322,12 +348,14 @@ def normalize(lines: list[str]) -> list[str]:
 
 def match_triage(survivor: Survivor, entries: list[dict[str, Any]]) -> dict[str, str]:
     """The triage of this mutant. An entry names a ``file``, a ``function`` (fnmatch, default every one), and
-    optionally the removed lines (``minus``), the added ones (``plus``), or ``wording = true`` (only a string
-    literal's text changed: mutmut's ``"XX..XX"`` and case mutations). Lines, not mutmut's numbers, which
+    optionally the removed lines (``minus``), the added ones (``plus``), text they contain (``minus_has``,
+    ``plus_has``), or ``wording = true`` (only a string literal's text changed: mutmut's ``"XX..XX"`` and case
+    mutations). Lines, not mutmut's numbers, which
     change whenever a function does. The most specific entry wins; without one, a raise statement's message
     (its text, or None for it) is immaterial by rule."""
     def specificity(entry: dict[str, Any]) -> int:
-        return 4 * ("plus" in entry) + 2 * ("minus" in entry) + bool(entry.get("wording"))
+        return (16 * ("plus" in entry) + 8 * ("minus" in entry) + 4 * ("plus_has" in entry)
+                + 2 * ("minus_has" in entry) + bool(entry.get("wording")))
 
     wording = _only_wording(survivor)
     for entry in sorted(entries, key=specificity, reverse=True):
@@ -337,6 +365,10 @@ def match_triage(survivor: Survivor, entries: list[dict[str, Any]]) -> dict[str,
         if "minus" in entry and normalize(entry["minus"]) != normalize(survivor.minus):
             continue
         if "plus" in entry and normalize(entry["plus"]) != normalize(survivor.plus):
+            continue
+        if "minus_has" in entry and " ".join(entry["minus_has"].split()) not in " ".join(normalize(survivor.minus)):
+            continue
+        if "plus_has" in entry and " ".join(entry["plus_has"].split()) not in " ".join(normalize(survivor.plus)):
             continue
         if entry.get("wording") and not wording:
             continue
@@ -455,7 +487,10 @@ def markdown(meta: dict[str, Any], per_module: dict[str, dict[str, Any]], surviv
            "second column); a mutant counts as killed when a test fails or the tests hang past mutmut's time "
            "limit. Every mutant that was not killed is listed below with its class: *equivalent* (no test can "
            "tell; why) or *gap* (what no test holds, and the test that would). `bench/results/mutation.json` "
-           "has the diffs; `bench/mutation_triage.toml` holds the classes.", "",
+           "has the diffs; `bench/mutation_triage.toml` holds the classes."
+           + "".join(f" The run's survivors were tried again on {r['date']} at {r['commit']} with tests added since "
+                     f"({r['mutants']} mutants, {r['duration_min']} min, `python -m bench.mutation_report --rerun`)."
+                     for r in meta.get("reruns") or []), "",
            "| module | tests | functions | mutants | killed | kill rate | not killed |",
            "|---|---|---|---|---|---|---|"]
     for path, m in per_module.items():
@@ -559,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=3,
                         help="mutants tested at a time (3 on 2 cores: the tests mostly wait on sockets and workers)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from mutants/")
+    parser.add_argument("--rerun", action="store_true",
+                        help="try the survivors in mutants/ again (after adding tests to the files they ran)")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch bench/RESULTS.md")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the project's virtualenv to copy")
     parser.add_argument("--stubs", action="store_true",
@@ -572,7 +609,14 @@ def main(argv: list[str] | None = None) -> int:
         return stubs()
     started = time.monotonic()
     previous = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() else {}
-    if not args.report_only:
+    if args.rerun:
+        tried = rerun_survivors(args.modules, args.max_children, args.venv)
+        meta = {k: previous.get(k, "?")
+                for k in ("command", "date", "duration_min", "max_children", "mutmut", "commit")}
+        meta["reruns"] = [*previous.get("reruns", []), {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(), "mutants": tried,
+            "duration_min": round((time.monotonic() - started) / 60, 1)}]
+    elif not args.report_only:
         run(args.modules, args.max_children, args.venv)
         meta = {"command": "make mutate" if args.modules == list(SCOPE) else
                 "python -m bench.mutation_report --modules " + " ".join(args.modules),
@@ -581,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_children": args.max_children, "mutmut": mutmut_version(), "commit": commit()}
     else:
         meta = {k: previous.get(k, "?")
-                for k in ("command", "date", "duration_min", "max_children", "mutmut", "commit")}
+                for k in ("command", "date", "duration_min", "max_children", "mutmut", "commit", "reruns")}
     return report(args.modules, meta, markdown_section=not args.no_markdown)
 
 

@@ -119,3 +119,15 @@ def test_json_log_lines_carry_their_fields_redacted() -> None:
     assert entry["msg"] == f"café {REDACTED}"
     assert "ValueError: boom" in entry["exc"] and "json-log-secret" not in entry["exc"]
     assert "café" in line
+
+
+def test_the_start_of_a_wrapped_encoded_secret_is_held_back_across_lines() -> None:
+    """Kills _batches' ``"(?:{})\\\\z".format(None)`` and ``"XX|XX".join`` (only the last word of an unfinished
+    text would be held back, not the start of a base64 form wrapped over lines before it)."""
+    import base64
+
+    secret = "".join(chr(ord("a") + (i * 11) % 26) for i in range(60))
+    encoded = base64.b64encode(secret.encode()).decode()
+    redact = Redactor([secret])
+    shown = redact.redact_unfinished(f"here it is:\n{encoded[:40]}\n{encoded[40:56]}")
+    assert shown == "here it is:\n"

@@ -168,3 +168,84 @@ async def test_a_part_passed_over_is_sent_once_its_holder_is_gone(store: Store) 
     finally:
         await sender.stop()
     assert [c.text for c in platform.calls] == ["eventually"]
+
+
+async def test_parts_written_elsewhere_are_found_by_the_periodic_scan(store: Store) -> None:
+    """Kills __init__'s ``scan_interval = None`` and _scan_loop's ``asyncio.timeout(None)`` /
+    ``suppress(None)`` (parts another process wrote, without waking this one, would wait for ever)."""
+    platform = _Platform()
+    sender = OutboxSender(store, {"telegram": platform}, Metrics(), scan_interval=0.05)
+    sender.start()
+    try:
+        await asyncio.sleep(0.1)  # the start-up scan found nothing
+        await store.enqueue([OutboxPart("cli:1", "telegram", "1", "from the CLI")])  # no submit, no wake
+        for _ in range(100):
+            if platform.calls:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await sender.stop()
+    assert [c.text for c in platform.calls] == ["from the CLI"]
+
+
+async def test_parts_submitted_before_start_wait_for_it(store: Store) -> None:
+    """Kills __init__'s ``self._task = ""`` (parts would go out before the adapters are connected)."""
+    platform = _Platform()
+    rows = await store.enqueue([OutboxPart("early:1", "telegram", "1", "hello")])
+    sender = OutboxSender(store, {"telegram": platform}, Metrics())
+    sender.submit(rows or [])
+    await asyncio.sleep(0.1)
+    assert platform.calls == []
+    sender.start()
+    try:
+        assert await sender.flush(5)
+    finally:
+        await sender.stop()
+    assert [c.text for c in platform.calls] == ["hello"]
+
+
+async def test_flush_says_when_parts_are_left(store: Store) -> None:
+    """Kills flush's ``outbox_depth() != 0`` and ``== 1`` (a timed-out flush reporting an empty outbox)."""
+    platform = _Platform(outcomes=[SendResult(success=False, error="429", retryable=True, retry_after=60)])
+    await store.enqueue([OutboxPart("stuck:1", "telegram", "1", "later")])
+    sender = OutboxSender(store, {"telegram": platform}, Metrics())
+    sender.start()
+    try:
+        assert await sender.flush(0.3) is False
+    finally:
+        await sender.stop()
+
+
+async def test_a_part_already_queued_does_not_hold_back_the_rest(store: Store) -> None:
+    """Kills submit's ``continue`` -> ``break`` (the parts after one already queued here would wait for the next
+    scan)."""
+    rows = await store.enqueue([OutboxPart("q:1", "telegram", "1", "one"), OutboxPart("q:2", "telegram", "2", "two")])
+    assert rows is not None
+    sender = OutboxSender(store, {"telegram": _Platform()}, Metrics())
+    sender.submit(rows[:1])
+    sender.submit(rows)
+    assert sender._queued == {rows[0].id, rows[1].id}
+
+
+async def test_stop_returns_once_sends_in_flight_have_ended(store: Store) -> None:
+    """Kills stop's ``gather(return_exceptions=True)`` without the tasks (stop would return while a send is
+    still running, after the gateway closed its adapters)."""
+    entered, ended = asyncio.Event(), []
+
+    class Slow(_Platform):
+        async def send(self, chat_id: str, content: str, reply_to: str | None = None,
+                       metadata: Mapping[str, str] | None = None) -> SendResult:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await asyncio.sleep(0)
+                ended.append(chat_id)
+            raise AssertionError("unreachable")
+
+    await store.enqueue([OutboxPart("slow:1", "telegram", "1", "text")])
+    sender = OutboxSender(store, {"telegram": Slow()}, Metrics())
+    sender.start()
+    await asyncio.wait_for(entered.wait(), 5)
+    await sender.stop()
+    assert ended == ["1"]
