@@ -491,6 +491,13 @@ def markdown(meta: dict[str, Any], per_module: dict[str, dict[str, Any]], surviv
            + "".join(f" The run's survivors were tried again on {r['date']} at {r['commit']} with tests added since "
                      f"({r['mutants']} mutants, {r['duration_min']} min, `python -m bench.mutation_report --rerun`)."
                      for r in meta.get("reruns") or []), "",
+           "How: mutmut 3 copies the tree to `mutants/`, mutates each function there behind a trampoline and runs, "
+           "for each mutant, the tests that call that function (mapped once by running them all), fastest first. "
+           "Subprocesses see the mutants too: `.venv-mutate` (a copy of `.venv` whose editable install points at "
+           "`mutants/`) is every interpreter's, gateways and CLIs the tests start inherit the active mutant, and "
+           "while the map is made they report the functions they run (`bench/mutation_plugin.py`). Sandbox "
+           "workers get the mutant through their command line; a test that starts one counts as calling every "
+           "worker function. Log lines are not mutated. The sandbox tests run at the bubblewrap level only.", "",
            "| module | tests | functions | mutants | killed | kill rate | not killed |",
            "|---|---|---|---|---|---|---|"]
     for path, m in per_module.items():

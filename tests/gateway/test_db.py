@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gateway.db import Database, SqliteDatabase, normalize_url
+from gateway.db import INLINE_BACKOFF, Database, SqliteDatabase, normalize_url
 
 _meta = sa.MetaData()
 _items = sa.Table("items", _meta, sa.Column("id", sa.Integer, primary_key=True), sa.Column("v", sa.String(32)))
@@ -248,16 +248,23 @@ async def test_sqlite_sends_a_burst_of_quick_work_and_work_after_a_slow_inline_u
     assert where[0] == here
     assert where.count("hermes-db") >= 45, "a burst is committed by the thread in batches, not on the loop"
 
-    await asyncio.sleep(0.05)
-    where.clear()
+    slow_ids = iter(range(100, 105))
 
     def slow(conn: Connection) -> int:
         where.append(threading.current_thread().name)
         time.sleep(0.005)  # as when busy threads hold the GIL the loop needs back after each SQLite call
-        return conn.execute(_items.insert().values(id=100, v="slow")).rowcount
+        return conn.execute(_items.insert().values(id=next(slow_ids), v="slow")).rowcount
 
-    assert await db.write(slow, quick=True) == 1
+    # The slow unit runs inline when no back-off is running and the connection is free; on a loaded machine
+    # the burst's first unit may have started a back-off, or the thread may be checkpointing: wait and retry.
+    for _ in range(5):
+        await asyncio.sleep(INLINE_BACKOFF + 0.05)
+        where.clear()
+        assert await db.write(slow, quick=True) == 1
+        if where == [here]:
+            break
+    assert where == [here], "a quick unit runs inline once the loop is quiet"
     await asyncio.sleep(0.05)  # well past the spacing between inline units, within the back-off
-    assert await db.write(_ran_on(where, 101), quick=True) == 1
+    assert await db.write(_ran_on(where, 99), quick=True) == 1
     assert where == [here, "hermes-db"]
-    assert len(await _ids(db)) == 52
+    assert 52 <= len(await _ids(db)) <= 56
