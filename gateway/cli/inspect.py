@@ -1,4 +1,4 @@
-"""``check`` (validate the config), ``tools`` (what each toolset resolves to) and ``mcp`` (the MCP servers)."""
+"""``tools`` (what each toolset resolves to) and ``mcp`` (the MCP servers)."""
 
 from __future__ import annotations
 
@@ -43,25 +43,6 @@ def _cmd_tools(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    import yaml
-
-    from gateway.config import load_config
-    from gateway.tool_sandbox import detect_isolation
-
-    path = config_path(args)
-    cfg = load_config(path)
-    print(yaml.safe_dump(cfg.masked(), sort_keys=False, allow_unicode=True), end="")
-    if cfg.mcp_servers:
-        from gateway.mcp_service import report_reachability
-
-        report_reachability(cfg.mcp_servers)  # an unreachable server is a warning: the exit code stays 0
-    isolation = detect_isolation(cfg, path)
-    print(f"tool sandbox: {isolation.describe()}", file=sys.stderr)
-    print("config OK", file=sys.stderr)
-    return 0
-
-
 def _cmd_mcp(args: argparse.Namespace) -> int:
     from gateway.mcp_service import mcp_list, mcp_test
 
@@ -70,9 +51,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``check``, ``tools`` and ``mcp``."""
-    sub.add_parser("check", parents=[config_parent()],
-                   help="validate the config and print it resolved, secrets masked").set_defaults(func=_cmd_check)
+    """Add ``tools`` and ``mcp``."""
     tools = sub.add_parser("tools", parents=[config_parent()],
                            help="list toolsets with their resolved tools, availability and where they run")
     tools.add_argument("--toolset", help="show only this toolset")
