@@ -160,12 +160,13 @@ class Gateway:
         await self._apply_leadership()  # as leader, the scheduler runs before start() returns
         self._leadership_task = asyncio.create_task(self._follow_leadership(), name="leadership")
         self.outbox.start()
-        self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
-        self._watchdog.start()
         # Everything alive now (modules, clients, config) lives as long as the process: keep it out of the
         # full garbage collections, whose pauses stall the event loop in proportion to what they scan.
         gc.collect()
         gc.freeze()
+        # After that collection: start-up's own pause is not a stall worth reporting.
+        self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
+        self._watchdog.start()
         logger.info("gateway started: platforms=%s http=%s:%s", ",".join(self.adapters), cfg.http.host, self.port)
 
     async def _follow_leadership(self) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -254,9 +255,35 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+# Warnings of libraries about features the gateway does not use, by logger and message start: demoted to DEBUG.
+_IRRELEVANT: dict[str, tuple[str, ...]] = {
+    # voice: the gateway sends and receives text only
+    "discord.client": ("PyNaCl is not installed", "davey is not installed"),
+    # from the REST-only client that sends (it opens no gateway connection, so it asks for no intents); the
+    # client that receives asks for the guilds intent
+    "discord.state": ("Guilds intent seems to be disabled",),
+}
+
+
+class _DemoteIrrelevant(logging.Filter):
+    """Turns the ``_IRRELEVANT`` warnings into DEBUG records, shown only when the handler's level is DEBUG."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        starts = _IRRELEVANT.get(record.name)
+        if starts and record.levelno > logging.DEBUG and str(record.msg).startswith(starts):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return record.levelno >= self.level
+
+
 def setup_logging(level: str = "INFO", fmt: str = "text", secrets: Iterable[str] = ()) -> None:
     """Install one stderr handler on the root logger (replacing earlier ones)."""
     redactor.add(secrets)
+    # discord.py imports audioop (deprecated since Python 3.11) for voice, which the gateway does not use.
+    warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if fmt == "json" else
                          _RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -265,6 +292,7 @@ def setup_logging(level: str = "INFO", fmt: str = "text", secrets: Iterable[str]
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    handler.addFilter(_DemoteIrrelevant(root.level))
     # Request logs of the HTTP clients would print URLs that embed bot tokens.
     for noisy in ("httpx", "httpx2", "httpcore", "aiohttp.access", "telegram.ext.Updater"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

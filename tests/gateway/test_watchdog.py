@@ -65,15 +65,63 @@ async def test_samples_every_5_ms_while_busy_and_every_50_ms_while_idle() -> Non
     assert busy >= 40, busy
 
 
-async def test_a_stall_longer_than_the_threshold_logs_the_loop_stack(caplog: pytest.LogCaptureFixture) -> None:
-    watchdog = LoopWatchdog(Metrics(), warn_after=0.05)
+async def _stalls(watchdog: LoopWatchdog, *seconds: float) -> None:
+    """Run the watchdog through stalls of these lengths (blocking the loop), each followed by a quiet moment."""
     watchdog.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="gateway.watchdog"):
-            await asyncio.sleep(0.06)
-            time.sleep(0.2)  # the stall under test
-            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.06)
+        for stall in seconds:
+            time.sleep(stall)
+            await asyncio.sleep(0.1)  # the detector sees the loop back within warn_after / 2
     finally:
         await watchdog.stop()
-    warning = next(r.getMessage() for r in caplog.records if "event loop blocked" in r.getMessage())
-    assert "test_a_stall_longer_than_the_threshold_logs_the_loop_stack" in warning
+
+
+def _reports(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gateway.watchdog"]
+
+
+async def test_the_first_stall_is_one_line_naming_its_length_and_place(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gateway.watchdog"):
+        await _stalls(LoopWatchdog(Metrics(), warn_after=0.05), 0.2)
+    [report] = _reports(caplog)
+    assert "\n" not in report, report
+    assert report.startswith("event loop blocked for "), report
+    # the whole stall past the sample's due time (not the 50 ms after which it was noticed), and where it was
+    millis = int(report.split()[4])
+    assert 150 <= millis < 1000, report
+    assert "tests/gateway/test_watchdog.py:" in report and "in _stalls" in report, report
+    assert "(gateway.loop_lag_warn_ms: 50)" in report
+
+
+async def test_a_repeated_stall_logs_the_loop_stack(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gateway.watchdog"):
+        await _stalls(LoopWatchdog(Metrics(), warn_after=0.05), 0.2, 0.2)
+    first, second = _reports(caplog)
+    assert "stack" not in first
+    assert "stall 2, main thread stack:\n" in second and "time.sleep(stall)" in second, second
+
+
+async def test_at_debug_the_first_stall_has_its_stack(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="gateway.watchdog"):
+        await _stalls(LoopWatchdog(Metrics(), warn_after=0.05), 0.2)
+    [report] = _reports(caplog)
+    assert "stall 1, main thread stack:\n" in report and "test_watchdog.py" in report
+
+
+async def test_an_idle_loop_is_no_stall_below_the_idle_interval(caplog: pytest.LogCaptureFixture) -> None:
+    # A threshold under the 50 ms idle sampling interval: the loop waiting in select is not blocked.
+    with caplog.at_level(logging.WARNING, logger="gateway.watchdog"):
+        await _stalls(LoopWatchdog(Metrics(), warn_after=0.02), 0.0, 0.0, 0.0)
+    assert _reports(caplog) == []
+
+
+async def test_a_hang_is_reported_with_its_stack_before_it_ends(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gateway.watchdog"):
+        started = time.time()
+        await _stalls(LoopWatchdog(Metrics(), warn_after=0.05, hang_after=0.3), 0.6)
+        ended = time.time()
+    hang, end = (r for r in caplog.records if r.name == "gateway.watchdog")
+    assert "so far" in hang.getMessage() and "main thread stack:\n" in hang.getMessage()
+    assert started + 0.3 <= hang.created < started + 0.06 + 0.6 <= ended  # logged while the loop was stuck
+    assert "stack" not in end.getMessage() and "event loop blocked for" in end.getMessage()

@@ -1,0 +1,113 @@
+"""What an operator sees on the console: a normal start says nothing alarming, irrelevant library warnings stay
+out, start-up failures are one line, and ``--help`` imports nothing heavy."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import discord
+import pytest
+import yaml
+
+from gateway.logs import setup_logging
+from gateway.sim.discord_api import DiscordSimulator
+from gateway.sim.model_server import ScriptedModel
+from gateway.sim.slack_api import SlackSimulator
+from gateway.sim.telegram_api import TelegramSimulator
+from tests.gateway_process import GatewayProcess
+
+_OURS = ("gateway.", "platforms.", "tools.", "model_tools", "toolsets")
+_RECORD = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) (?P<logger>\S+): ", re.MULTILINE)
+
+
+def _third_party_warnings(log: str) -> list[str]:
+    """Lines of WARNING and above from loggers that are not the gateway's, and Python warnings."""
+    found = [m.group(0) + log[m.end():].split("\n", 1)[0] for m in _RECORD.finditer(log)
+             if m["level"] in ("WARNING", "ERROR", "CRITICAL") and not m["logger"].startswith(_OURS)]
+    return found + re.findall(r"^.*\b\w+Warning: .*$", log, re.MULTILINE)
+
+
+@pytest.fixture
+async def platforms() -> AsyncIterator[dict[str, Any]]:
+    """The model and every chat platform's simulator, as a ``platforms`` config section for them."""
+    model, tg, slack, dc = ScriptedModel(), TelegramSimulator(), SlackSimulator(), DiscordSimulator()
+    for server in (model, tg, slack, dc):
+        await server.start()
+    yield {
+        "model": {"base_url": model.base_url, "api_key": "k", "name": "scripted-model"},
+        "platforms": {
+            "telegram": {"enabled": True, "token": tg.token, "base_url": tg.base_url,
+                         "base_file_url": tg.base_file_url, "poll_timeout": 2},
+            "slack": {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
+                      "api_base_url": slack.base_url},
+            "discord": {"enabled": True, "token": dc.token, "api_base_url": dc.api_base_url,
+                        "gateway_url": dc.gateway_url, "guild_ready_timeout": 0.05},
+            "webhook": {"routes": {"github": {"secret": "console-webhook-secret", "scheme": "github",
+                                              "prompt": "Summarise {payload}"}}},
+        },
+    }
+    for server in (dc, slack, tg, model):
+        await server.stop()
+
+
+async def test_a_normal_start_with_every_platform_logs_no_stack_and_no_library_warning(
+        tmp_path: Path, platforms: dict[str, Any]) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**platforms, "http": {"port": 0},
+                                      "store": {"url": f"sqlite:///{tmp_path}/state.db"}}))
+    gw = GatewayProcess(config, tmp_path)
+    await gw.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            await gw.wait_ready(http)
+    finally:
+        assert await gw.terminate() == 0
+    log = gw.stderr_path.read_text()
+    assert "gateway started: platforms=telegram,discord,slack,webhook" in log, log
+    assert "Traceback" not in log and not re.search(r'^\s+File "', log, re.MULTILINE), log
+    assert "stack" not in log, log
+    assert _third_party_warnings(log) == [], log
+
+
+@pytest.fixture
+def console() -> Iterator[io.StringIO]:
+    """The gateway's logging set up at INFO, its stderr handler writing into a buffer."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    buf = io.StringIO()
+    setup_logging("INFO", "text")
+    root.handlers[0].stream = buf  # type: ignore[attr-defined]
+    yield buf
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+
+
+async def _sending_client() -> None:
+    """Make and close what the Discord adapter sends with: a client without intents (discord.py then warns about
+    the guilds intent, and about voice libraries once per process: made to warn again here)."""
+    discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = True
+    client = discord.Client(intents=discord.Intents.none())
+    await client.close()
+
+
+async def test_discord_voice_and_intent_warnings_of_the_sending_client_stay_off_the_console(
+        console: io.StringIO) -> None:
+    await _sending_client()
+    logging.getLogger("discord.state").warning("Shard ID %s timed out waiting for chunks for guild_id %s.", 0, 1)
+    out = console.getvalue()
+    assert "PyNaCl" not in out and "davey" not in out and "Guilds intent" not in out, out
+    assert "WARNING discord.state: Shard ID 0 timed out" in out  # other warnings of the library stay
+
+
+async def test_the_demoted_library_warnings_show_at_debug(console: io.StringIO) -> None:
+    setup_logging("DEBUG", "text")
+    logging.getLogger().handlers[0].stream = console  # type: ignore[attr-defined]
+    await _sending_client()
+    out = console.getvalue()
+    assert "DEBUG discord.client: PyNaCl is not installed" in out and "DEBUG discord.state: Guilds intent" in out
