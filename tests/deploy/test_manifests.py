@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gateway.cli import build_parser
+from gateway.cli import build_parser, main
 from gateway.config import parse_config
 from gateway.http import HttpServer
 from gateway.metrics import Metrics
@@ -38,9 +38,13 @@ def test_dockerfile_runs_the_cli_as_non_root_with_a_healthcheck() -> None:
     assert 'ENTRYPOINT ["hermes-gateway"]' in text
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["hermes-gateway"] == "gateway.cli:main"
-    assert re.search(r"^USER hermes$", text, re.M)
+    user = re.search(r"^USER (\d+):(\d+)$", text, re.M)
+    assert user is not None, "a numeric user, which Kubernetes' runAsNonRoot can check"
+    pod = _k8s("deployment.yaml")["spec"]["template"]["spec"]["securityContext"]
+    assert (pod["runAsUser"], pod["runAsGroup"]) == (int(user.group(1)), int(user.group(2))) != (0, 0)
     assert "/healthz" in text.split("HEALTHCHECK", 1)[1] and "/healthz" in _routes()
-    assert 'VOLUME ["/etc/hermes-gateway", "/var/lib/hermes-gateway"]' in text
+    assert re.search(r"^ENV HERMES_GATEWAY_HOME=/var/lib/hermes-gateway ", text, re.M)
+    assert 'VOLUME ["/var/lib/hermes-gateway"]' in text
     cmd = re.search(r"^CMD (\[.*\])$", text, re.M)
     assert cmd is not None
     args = build_parser().parse_args(yaml.safe_load(cmd.group(1)))
@@ -48,17 +52,41 @@ def test_dockerfile_runs_the_cli_as_non_root_with_a_healthcheck() -> None:
     assert text.count("FROM ") == 2, "multi-stage build"
 
 
-def test_systemd_unit_is_hardened() -> None:
+def _unit() -> dict[str, str]:
     lines = [ln for ln in (DEPLOY / "hermes-gateway.service").read_text().splitlines() if "=" in ln
              and not ln.startswith("#")]
-    unit = dict(ln.split("=", 1) for ln in lines)
+    return dict(ln.split("=", 1) for ln in lines)
+
+
+def test_systemd_unit_is_hardened() -> None:
+    unit = _unit()
     assert unit["Restart"] == "on-failure"
     assert unit["NoNewPrivileges"] == "true" and unit["ProtectSystem"] == "strict"
-    assert "/var/lib/hermes-gateway" in unit["ReadWritePaths"]
     assert unit["EnvironmentFile"] == "/etc/hermes-gateway/env"
     args = build_parser().parse_args(unit["ExecStart"].split()[1:])
     assert args.command == "run" and args.config == "/etc/hermes-gateway/config.yaml"
-    assert unit["User"] != "root"
+    assert unit["DynamicUser"] == "yes" and unit["User"] != "root", "systemd creates the user"
+    assert unit["StateDirectory"] == "hermes-gateway"
+    assert unit["Environment"] == "HERMES_GATEWAY_HOME=/var/lib/hermes-gateway"
+    assert unit["LimitNOFILE"] == "65536"
+
+
+def test_systemd_unit_does_not_restart_on_a_config_error(tmp_path: Path) -> None:
+    unit = _unit()
+    assert unit["RestartPreventExitStatus"] == "2"
+    assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 2
+    (tmp_path / "bad.yaml").write_text("http:\n  port: many\n")
+    assert main(["run", "--config", str(tmp_path / "bad.yaml")]) == 2
+
+
+def test_systemd_unit_leaves_the_tool_sandbox_what_bubblewrap_needs() -> None:
+    unit = _unit()
+    # bwrap creates these namespaces, brings up its loopback over netlink, mounts a fresh /proc (refused
+    # when parts of /proc are over-mounted) and sets its hostname (refused by ProtectHostname's filter).
+    assert set(unit["RestrictNamespaces"].split()) >= {"user", "mnt", "pid", "ipc", "uts", "net"}
+    assert "AF_NETLINK" in unit["RestrictAddressFamilies"].split()
+    for key in ("ProtectKernelTunables", "ProtectKernelLogs", "ProtectProc", "ProcSubset", "ProtectHostname"):
+        assert key not in unit, key
 
 
 def test_replica_config_validates_with_the_compose_environment() -> None:
