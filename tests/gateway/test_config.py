@@ -29,6 +29,7 @@ EXAMPLE_ENV = {
     "GITHUB_WEBHOOK_SECRET": "gh-example-secret",
     "DEPLOY_WEBHOOK_SECRET": "deploy-example-secret",
     "OPS_CALLBACK_SECRET": "ops-example-secret",
+    "TELEGRAM_BOT_TOKEN": "123456:example-bot-token",
 }
 HOME_ENV = {"HERMES_GATEWAY_HOME": "/srv/hermes"}
 
@@ -124,8 +125,10 @@ def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
         load_config(_write(tmp_path, "- model\n- http\n"), {})
 
 
-def test_empty_file_means_defaults(tmp_path: Path) -> None:
-    assert load_config(_write(tmp_path, "# nothing yet\n"), HOME_ENV) == default_config(HOME_ENV)
+def test_empty_file_means_defaults_and_remembers_its_source(tmp_path: Path) -> None:
+    loaded = load_config(_write(tmp_path, "# nothing yet\n"), HOME_ENV)
+    assert loaded.model_dump() == default_config(HOME_ENV).model_dump()
+    assert loaded.source == (tmp_path / "config.yaml").absolute() and default_config(HOME_ENV).source is None
 
 
 # --- interpolation -------------------------------------------------------------------------------
@@ -381,10 +384,20 @@ def test_callback_target_validation() -> None:
 
 # --- other sections ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("url", ["sqlite:///state.db", "sqlite:////var/lib/h/state.db", "sqlite+aiosqlite:///state.db",
-                                 "postgresql://u:p@db/hermes", "postgresql+asyncpg://u:p@db/hermes"])
+@pytest.mark.parametrize("url", ["sqlite:////var/lib/h/state.db", "sqlite+aiosqlite:////var/lib/h/state.db",
+                                 "sqlite:///:memory:", "postgresql://u:p@db/hermes", "postgresql+asyncpg://u:p@db/hermes"])
 def test_store_url_forms(url: str) -> None:
     assert parse_config({"store": {"url": url}}, {}).store.url == url
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "sqlite+aiosqlite"])
+def test_relative_sqlite_store_is_beside_the_config_file_not_in_the_cwd(
+        tmp_path: Path, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    config = _write(tmp_path / "etc", f"store:\n  url: {scheme}:///data/state.db?timeout=5\n")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert load_config(config, {}).store.url == f"{scheme}:///{tmp_path}/etc/data/state.db?timeout=5"
 
 
 @pytest.mark.parametrize("url", ["mysql://u:hunter2@db/x", "postgres://u:hunter2@db/x", "state.db", "sqlite://"])
@@ -462,7 +475,8 @@ def test_relative_workspace_resolves_against_the_config_file(tmp_path: Path) -> 
 
 _SECRETS = {"OPENAI_API_KEY": "sk-live-abc", "HERMES_API_TOKEN": "tok-xyz", "GITHUB_WEBHOOK_SECRET": "gh-1",
             "DEPLOY_WEBHOOK_SECRET": "dep-new", "DEPLOY_WEBHOOK_SECRET_PREVIOUS": "dep-old",
-            "OPS_CALLBACK_SECRET": "ops-2", "HERMES_STORE_URL": "postgresql://hermes:pg%40pw@db/hermes"}
+            "OPS_CALLBACK_SECRET": "ops-2", "HERMES_STORE_URL": "postgresql://hermes:pg%40pw@db/hermes",
+            "TELEGRAM_BOT_TOKEN": "123456:tg-secret"}
 
 
 def test_masked_hides_every_secret() -> None:
@@ -492,5 +506,5 @@ def test_empty_api_token_means_none() -> None:
 def test_secret_values() -> None:
     config = load_config(EXAMPLE, _SECRETS)
     assert set(config.secret_values()) == {"sk-live-abc", "tok-xyz", "gh-1", "dep-new", "dep-old", "ops-2",
-                                           "pg%40pw", "pg@pw"}
+                                           "pg%40pw", "pg@pw", "123456:tg-secret"}
     assert default_config({}).secret_values() == []

@@ -1,0 +1,427 @@
+"""The ``platforms`` section: signed webhooks, callback targets, Telegram, Slack and Discord."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gateway.config.base import (
+    _CHAT_PLATFORMS,
+    _check_http_url,
+    _context,
+    _empty_to_none,
+    _resolve_path,
+    _Section,
+    _str_or_list,
+    _StrOrList,
+    _tools_of,
+    _unknown_toolsets,
+    _widening,
+)
+from gateway.config.discovery import gateway_home
+from gateway.config.errors import _invalid, _Problem, _raise_if
+
+_DELIVERY_PLATFORMS = (*_CHAT_PLATFORMS, "callback")
+
+_ROUTE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TELEGRAM_TOKEN = re.compile(r"\d+:[A-Za-z0-9_-]+")
+_TELEGRAM_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
+
+
+def _check_route_name(name: str) -> str:
+    if not _ROUTE_NAME.fullmatch(name):
+        raise _invalid("invalid route name", "use 1-64 letters, digits, '_' or '-'; it becomes /webhooks/<name>")
+    return name
+
+
+def _check_deliver_to(value: str) -> str:
+    if value == "none":
+        return value
+    parts = value.split(":")
+    hint = f"write none or <platform>:<chat_id>[:<thread_id>], platform one of {', '.join(_DELIVERY_PLATFORMS)}"
+    if len(parts) not in (2, 3) or not all(parts):
+        raise _invalid(f"invalid delivery target {value!r}", hint)
+    if parts[0] not in _DELIVERY_PLATFORMS:
+        raise _invalid(f"unknown delivery platform {parts[0]!r}", hint)
+    if parts[0] == "callback" and len(parts) == 3:
+        raise _invalid("a callback target takes no thread id", "write callback:<target name>")
+    return value
+
+
+_RouteName = Annotated[str, AfterValidator(_check_route_name)]
+
+
+class WebhookRoute(_Section):
+    """One signed inbound webhook, served at ``POST /webhooks/<name>``."""
+
+    secret: Annotated[SecretStr | list[SecretStr], BeforeValidator(_str_or_list)]
+    scheme: Literal["github", "standard-webhooks", "hmac-sha256"] = "github"
+    events: list[str] = Field(default_factory=list)
+    event_field: str = Field("type", min_length=1)
+    prompt: str = Field(min_length=1)
+    toolset: _StrOrList = "hermes-webhook"
+    deliver_to: Annotated[str, AfterValidator(_check_deliver_to)] = "none"
+    rate_limit_per_minute: int = Field(60, ge=1)
+    max_body_bytes: int = Field(262144, ge=1)
+    max_concurrency: int = Field(4, ge=1)
+    tolerance_seconds: int = Field(300, ge=1)
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_not_empty(cls, value: SecretStr | list[SecretStr]) -> SecretStr | list[SecretStr]:
+        hint = "use a long random string, e.g. `openssl rand -hex 32`"
+        if isinstance(value, SecretStr):
+            if not value.get_secret_value():
+                raise _invalid("must not be empty", hint)
+            return value
+        # Empty list entries are dropped so an optional `${OLD_SECRET:-}` can sit in a rotation list.
+        kept = [s for s in value if s.get_secret_value()]
+        if not kept:
+            raise _invalid("must list at least one non-empty secret", hint)
+        return kept
+
+    @field_validator("toolset")
+    @classmethod
+    def _known_toolsets(cls, value: str | list[str]) -> str | list[str]:
+        _raise_if(_unknown_toolsets(value, plugins=False))
+        return value
+
+    def secrets(self) -> list[str]:
+        """The accepted signing secrets, newest first (a list means key rotation)."""
+        items = self.secret if isinstance(self.secret, list) else [self.secret]
+        return [s.get_secret_value() for s in items]
+
+    @property
+    def delivery(self) -> tuple[str, str, str | None] | None:
+        """``deliver_to`` parsed as (platform, chat_id, thread_id), or None for ``none``."""
+        if self.deliver_to == "none":
+            return None
+        parts = self.deliver_to.split(":")
+        return parts[0], parts[1], parts[2] if len(parts) == 3 else None
+
+
+class WebhookPlatform(_Section):
+    """Signed inbound webhooks and the tools their (untrusted) payloads may drive."""
+
+    enabled: bool = True
+    allowed_toolsets: list[str] = Field(default_factory=lambda: ["hermes-webhook"])
+    routes: dict[_RouteName, WebhookRoute] = Field(default_factory=dict)
+
+    @field_validator("allowed_toolsets")
+    @classmethod
+    def _known_toolsets(cls, value: list[str]) -> list[str]:
+        _raise_if(_unknown_toolsets(value, plugins=False))
+        return value
+
+    @model_validator(mode="after")
+    def _routes_within_allowed(self) -> Self:
+        allowed = _tools_of(self.allowed_toolsets)
+        _raise_if([
+            _Problem(("routes", name, "toolset"),
+                     f"widens beyond platforms.webhook.allowed_toolsets (extra tools: {', '.join(extra)})",
+                     "narrow the route's toolset, or deliberately add a toolset to allowed_toolsets")
+            for name, route in self.routes.items() if (extra := _widening(route.toolset, allowed))
+        ])
+        return self
+
+
+class CallbackTarget(_Section):
+    """An HTTP endpoint that receives run results as a signed POST."""
+
+    url: Annotated[str, AfterValidator(_check_http_url)]
+    secret: SecretStr
+    timeout: float = Field(10.0, gt=0)
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_not_empty(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value():
+            raise _invalid("must not be empty", "use a long random string, e.g. `openssl rand -hex 32`")
+        return value
+
+
+class CallbackPlatform(_Section):
+    """Outbound-only delivery of run results to HTTP endpoints."""
+
+    targets: dict[str, CallbackTarget] = Field(default_factory=dict)
+
+
+class TelegramRateLimit(_Section):
+    """PTB's AIORateLimiter throttles; 0 switches a level off (flood-control 429s go to the outbox)."""
+
+    overall_per_second: float = Field(30.0, ge=0)
+    group_per_minute: float = Field(20.0, ge=0)
+
+
+def _check_telegram_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise _invalid("must start with /", "e.g. /telegram/webhook")
+    return value
+
+
+class TelegramPlatform(_Section):
+    """A Telegram bot through the Bot API, by long polling or a webhook on the gateway's HTTP server."""
+
+    enabled: bool = False
+    token: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
+    base_url: Annotated[str, AfterValidator(_check_http_url)] = "https://api.telegram.org/bot"
+    base_file_url: Annotated[str, AfterValidator(_check_http_url)] = "https://api.telegram.org/file/bot"
+    mode: Literal["polling", "webhook"] = "polling"
+    run_on: Literal["leader", "all"] = "leader"
+    webhook_url: Annotated[Annotated[str, AfterValidator(_check_http_url)] | None,
+                           BeforeValidator(_empty_to_none)] = None
+    webhook_secret: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
+    webhook_path: Annotated[str, AfterValidator(_check_telegram_path)] = "/telegram/webhook"
+    poll_timeout: int = Field(30, ge=1, le=300)
+    group_trigger: Literal["mention", "always"] = "mention"
+    edited_messages: Literal["ignore", "handle"] = "ignore"
+    max_attachment_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    parse_mode: Literal["markdown", "html", "plain"] = "html"
+    rate_limit: TelegramRateLimit = Field(default_factory=TelegramRateLimit)
+
+    @model_validator(mode="after")
+    def _run_on_fits_mode(self) -> Self:
+        # Telegram serves one getUpdates per bot at a time, and posts to webhook_url whichever replica serves it.
+        fits = "leader" if self.mode == "polling" else "all"
+        if self.run_on == fits:
+            return self
+        if "run_on" not in self.model_fields_set:
+            return self.model_copy(update={"run_on": fits})
+        if self.mode == "polling":
+            raise _invalid("polling mode receives on the leader only", "Telegram ends all but one concurrent "
+                           "getUpdates with 409 Conflict; write leader, or use mode: webhook to receive on every "
+                           "replica", ("run_on",))
+        raise _invalid("webhook mode receives on every replica", "Telegram posts each update to webhook_url, "
+                       "which any replica may serve; remove run_on or write all", ("run_on",))
+
+    @model_validator(mode="after")
+    def _required_when_enabled(self) -> Self:
+        if not self.enabled:
+            return self
+        problems: list[_Problem] = []
+        token = self.token.get_secret_value() if self.token else ""
+        if not token:
+            problems.append(_Problem(("token",), "required when platforms.telegram.enabled is true",
+                                     "the token @BotFather gave you; keep it in an env var: ${TELEGRAM_BOT_TOKEN}"))
+        elif not _TELEGRAM_TOKEN.fullmatch(token):
+            problems.append(_Problem(("token",), "does not look like a bot token",
+                                     "it has the form 123456789:AAE...; copy it from @BotFather"))
+        if self.mode == "webhook":
+            if self.webhook_url is None:
+                problems.append(_Problem(("webhook_url",), "required in webhook mode",
+                                         "the public https URL Telegram posts updates to"))
+            secret = self.webhook_secret.get_secret_value() if self.webhook_secret else ""
+            if not secret:
+                problems.append(_Problem(("webhook_secret",), "required in webhook mode",
+                                         "a random string, e.g. `openssl rand -hex 32`"))
+            elif not _TELEGRAM_SECRET.fullmatch(secret):
+                problems.append(_Problem(("webhook_secret",), "may only use A-Z, a-z, 0-9, _ and - (1-256)",
+                                         "e.g. `openssl rand -hex 32`"))
+        _raise_if(problems)
+        return self
+
+
+_SLACK_COMMAND = re.compile(r"/[a-z0-9_-]{1,31}")
+
+
+def _check_slack_events_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise _invalid("must start with /", "e.g. /slack/events")
+    return value
+
+
+def _check_slack_command(value: str) -> str:
+    if not _SLACK_COMMAND.fullmatch(value):
+        raise _invalid(f"not a slash command name: {value!r}",
+                       "a / and 1-31 lowercase letters, digits, - or _, as in the Slack app settings, e.g. /hermes")
+    return value
+
+
+_SlackSecret = Annotated[SecretStr | None, BeforeValidator(_empty_to_none)]
+
+
+class SlackPlatform(_Section):
+    """A Slack app through slack-bolt: Socket Mode, or the HTTP Events API on the gateway's HTTP server."""
+
+    enabled: bool = False
+    mode: Literal["socket", "http"] = "socket"
+    run_on: Literal["leader", "all"] = "leader"
+    bot_token: _SlackSecret = None
+    app_token: _SlackSecret = None
+    signing_secret: _SlackSecret = None
+    # slack-sdk appends the method name to the base URL as is, so it must end with "/".
+    api_base_url: Annotated[str, AfterValidator(_check_http_url),
+                            AfterValidator(lambda v: v if v.endswith("/") else v + "/")] = "https://slack.com/api/"
+    events_path: Annotated[str, AfterValidator(_check_slack_events_path)] = "/slack/events"
+    slash_command: Annotated[str, AfterValidator(_check_slack_command)] = "/hermes"
+    reply_in_thread: bool = True
+    ping_interval: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _http_receives_everywhere(self) -> Self:
+        # Slack posts to the Request URL, which every replica behind it serves: only "all" can be honoured.
+        if self.mode != "http" or self.run_on == "all":
+            return self
+        if "run_on" in self.model_fields_set:
+            raise _invalid("http mode receives on every replica", "Slack posts each event to the app's Request "
+                           "URL, which any replica may serve; remove run_on or write all. leader is for socket mode",
+                           ("run_on",))
+        return self.model_copy(update={"run_on": "all"})
+
+    @model_validator(mode="after")
+    def _required_when_enabled(self) -> Self:
+        if not self.enabled:
+            return self
+        bot = self.bot_token.get_secret_value() if self.bot_token else ""
+        app = self.app_token.get_secret_value() if self.app_token else ""
+        problems: list[_Problem] = []
+        if not bot:
+            problems.append(_Problem(("bot_token",), "required when platforms.slack.enabled is true",
+                                     "the Bot User OAuth Token (xoxb-...); keep it in an env var: ${SLACK_BOT_TOKEN}"))
+        elif bot.startswith("xapp-"):
+            problems.append(_Problem(("bot_token",), "this is an app-level token",
+                                     "bot_token takes the Bot User OAuth Token (xoxb-...); the xapp- token is "
+                                     "app_token"))
+        if self.mode == "socket":
+            if not app:
+                problems.append(_Problem(("app_token",), "required in socket mode",
+                                         "an app-level token (xapp-...) with connections:write, or set mode: http"))
+            elif not app.startswith("xapp-"):
+                problems.append(_Problem(("app_token",), "does not look like an app-level token",
+                                         "app-level tokens start with xapp- (Basic Information > App-Level Tokens)"))
+        if self.mode == "http" and not (self.signing_secret and self.signing_secret.get_secret_value()):
+            problems.append(_Problem(("signing_secret",), "required in http mode",
+                                     "Basic Information > App Credentials > Signing Secret in the Slack app settings"))
+        _raise_if(problems)
+        return self
+
+
+def _check_ws_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        raise _invalid("must be a ws:// or wss:// URL", "e.g. wss://gateway.discord.gg")
+    return value
+
+
+_DISCORD_SHARDS = re.compile(r"shard:(\d+(?:,\d+)*)")
+
+
+def _check_discord_run_on(value: str) -> str:
+    if value in ("leader", "all"):
+        return value
+    if (m := _DISCORD_SHARDS.fullmatch(value.replace(" ", ""))) is None:
+        raise _invalid(f"unknown value {value!r}", "write leader, all, or shard:<ids> to run those shards on "
+                       "this replica, e.g. shard:0,1")
+    ids = [int(i) for i in m.group(1).split(",")]
+    if len(set(ids)) != len(ids):
+        raise _invalid(f"{value!r} names a shard twice", "list each shard once, e.g. shard:0,1")
+    return "shard:" + ",".join(map(str, ids))
+
+
+def _discord_shards(run_on: str) -> list[int] | None:
+    """The shard ids of a checked ``run_on: shard:<ids>``; None for leader and all."""
+    return [int(i) for i in run_on.removeprefix("shard:").split(",")] if run_on.startswith("shard:") else None
+
+
+class DiscordPlatform(_Section):
+    """A Discord bot through discord.py: the gateway websocket for events, REST for sends."""
+
+    model_config = ConfigDict(coerce_numbers_to_str=True)  # ids are usually written unquoted
+
+    enabled: bool = False
+    token: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
+    api_base_url: Annotated[str, AfterValidator(_check_http_url),
+                            AfterValidator(lambda v: v.rstrip("/"))] = "https://discord.com/api/v10"
+    gateway_url: Annotated[Annotated[str, AfterValidator(_check_ws_url)] | None,
+                           BeforeValidator(_empty_to_none)] = None
+    shard_count: int | None = Field(None, ge=1)
+    shard_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    run_on: Annotated[str, AfterValidator(_check_discord_run_on)] = "leader"
+    respond_in_guilds: Literal["mention", "always"] = "mention"
+    allowed_guilds: list[str] = Field(default_factory=list)
+    allowed_channels: list[str] = Field(default_factory=list)
+    allow_mentions: bool = False
+    max_ratelimit_timeout: float = Field(30.0, ge=30)  # discord.py's minimum
+    heartbeat_timeout: float = Field(60.0, gt=0)
+    guild_ready_timeout: float = Field(2.0, ge=0)
+    reconnect_backoff: float = Field(5.0, ge=0)
+    backfill_window: float = Field(3600.0, ge=0)
+    state_file: Path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _home_default(cls, data: Any, info: ValidationInfo) -> Any:
+        # Like the store, the default follows the loader's env, not necessarily os.environ.
+        if isinstance(data, Mapping) and data.get("state_file") in (None, ""):
+            data = {**data, "state_file": gateway_home(_context(info).env) / "discord-state.json"}
+        return data
+
+    @field_validator("state_file")
+    @classmethod
+    def _resolve_state_file(cls, value: Path, info: ValidationInfo) -> Path:
+        return _resolve_path(value, info)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        problems: list[_Problem] = []
+        if self.enabled and not (self.token and self.token.get_secret_value()):
+            problems.append(_Problem(("token",), "required when platforms.discord.enabled is true",
+                                     "the bot token from the Developer Portal (Bot > Token); keep it in an env "
+                                     "var: ${DISCORD_BOT_TOKEN}"))
+        if self.shard_ids is not None:
+            if self.shard_count is None:
+                problems.append(_Problem(("shard_ids",), "needs shard_count", "set shard_count to the total number "
+                                         "of shards across all processes"))
+            elif bad := [i for i in self.shard_ids if i >= self.shard_count]:
+                problems.append(_Problem(("shard_ids",), f"shard ids {bad} are not below shard_count "
+                                         f"{self.shard_count}", "shard ids run from 0 to shard_count - 1"))
+        shards = _discord_shards(self.run_on)
+        if shards is not None:
+            if self.shard_count is None:
+                problems.append(_Problem(("run_on",), f"{self.run_on} needs shard_count", "set shard_count to the "
+                                         "total number of shards across all replicas"))
+            elif bad := [i for i in shards if i >= self.shard_count]:
+                problems.append(_Problem(("run_on",), f"shard ids {bad} are not below shard_count "
+                                         f"{self.shard_count}", "shard ids run from 0 to shard_count - 1"))
+            if self.shard_ids is not None and sorted(self.shard_ids) != sorted(shards):
+                problems.append(_Problem(("shard_ids",), f"conflicts with run_on: {self.run_on}",
+                                         "remove shard_ids: run_on: shard:<ids> names the shards this replica runs"))
+        _raise_if(problems)
+        # run_on: shard:<ids> is how a replica says which shards it runs; the adapter reads shard_ids.
+        return self if shards is None else self.model_copy(update={"shard_ids": shards})
+
+
+class Platforms(_Section):
+    """Per-platform settings."""
+
+    telegram: TelegramPlatform = Field(default_factory=TelegramPlatform)
+    discord: DiscordPlatform = Field(default_factory=dict, validate_default=True)  # its default is in the home
+    slack: SlackPlatform = Field(default_factory=SlackPlatform)
+    webhook: WebhookPlatform = Field(default_factory=WebhookPlatform)
+    callback: CallbackPlatform = Field(default_factory=CallbackPlatform)
+
+    @model_validator(mode="after")
+    def _callback_targets_exist(self) -> Self:
+        known = sorted(self.callback.targets)
+        _raise_if([
+            _Problem(("webhook", "routes", name, "deliver_to"), f"unknown callback target {target[1]!r}",
+                     f"define it under platforms.callback.targets; defined: {', '.join(known) or 'none'}")
+            for name, route in self.webhook.routes.items()
+            if (target := route.delivery) and target[0] == "callback" and target[1] not in self.callback.targets
+        ])
+        return self
+

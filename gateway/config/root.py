@@ -1,0 +1,132 @@
+"""The whole configuration (:class:`Config`) and the part admin commands read (:class:`StoreConfig`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, SecretStr, field_validator
+
+from gateway.config.base import _Section, _StrOrList, _ToolsetPlatform, _unknown_toolsets
+from gateway.config.errors import _raise_if
+from gateway.config.platforms import Platforms
+from gateway.config.sections import (
+    AuthSettings,
+    CronSettings,
+    GatewaySettings,
+    HttpSettings,
+    LimitsSettings,
+    LoggingSettings,
+    McpServer,
+    ModelSettings,
+    PluginSettings,
+    ToolSearchSettings,
+    ToolsSettings,
+    WebSettings,
+    _check_server_name,
+)
+from gateway.config.store import StoreSettings, _mask_url_password, _url_passwords
+
+
+class _Root(_Section):
+    """A validated config, remembering the file it came from."""
+
+    _source: Path | None = PrivateAttr(None)
+
+    @property
+    def source(self) -> Path | None:
+        """The absolute path of the config file this was loaded from; None for data or the embedded defaults."""
+        return self._source
+
+
+# Sections whose defaults depend on the loader's env (the home) are validated from {} when absent.
+def _home_relative() -> Any:
+    return Field(default_factory=dict, validate_default=True)
+
+
+class Config(_Root):
+    """The whole gateway configuration."""
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    store: StoreSettings = _home_relative()
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    gateway: GatewaySettings = _home_relative()
+    platforms: Platforms = _home_relative()
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    cron: CronSettings = Field(default_factory=CronSettings)
+    toolsets: dict[_ToolsetPlatform, _StrOrList] = Field(default_factory=dict)
+    tool_search: ToolSearchSettings = Field(default_factory=ToolSearchSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    mcp_servers: dict[Annotated[str, AfterValidator(_check_server_name)], McpServer] = Field(default_factory=dict)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)
+
+    @field_validator("toolsets")
+    @classmethod
+    def _known_toolsets(cls, value: dict[str, str | list[str]]) -> dict[str, str | list[str]]:
+        _raise_if([p for platform, names in value.items()
+                   for p in _unknown_toolsets(names, plugins=True, loc=(platform,))])
+        return value
+
+    def masked(self) -> dict[str, Any]:
+        """The resolved config as JSON-able data, every secret shown as ``"***"`` (empty ones as null)."""
+        data = _plain(self)
+        data["store"]["url"] = _mask_url_password(self.store.url)
+        return data
+
+    def secret_values(self) -> list[str]:
+        """Every non-empty secret string (for the log redaction filter), without duplicates."""
+        found = [*_secrets_in(self), *_url_passwords(self.store.url)]
+        return list(dict.fromkeys(s for s in found if s))
+
+
+# What StoreConfig reads of a config file: a whole section (None), or only the keys listed.
+STORE_CONFIG_KEYS: dict[str, tuple[str, ...] | None] = {
+    "store": None,
+    "auth": ("pairing_code_ttl_seconds", "max_pending_codes"),
+    "cron": ("sync_interval_seconds",),
+}
+
+
+class StoreConfig(_Root):
+    """What the admin commands (``runs``, ``pairing``, ``cron``) need: the store, the pairing limits and the
+    cron sync interval. Only the keys in ``STORE_CONFIG_KEYS`` are read; the others keep their defaults."""
+
+    store: StoreSettings = _home_relative()
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    cron: CronSettings = Field(default_factory=CronSettings)
+
+    def secret_values(self) -> list[str]:
+        """The store URL's password, if any (for the log redaction filter)."""
+        return _url_passwords(self.store.url)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return {name: _plain(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, SecretStr):
+        return "***" if value.get_secret_value() else None
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _secrets_in(value: Any) -> Iterator[str]:
+    if isinstance(value, SecretStr):
+        yield value.get_secret_value()
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _secrets_in(getattr(value, name))
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _secrets_in(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _secrets_in(v)

@@ -1,0 +1,290 @@
+"""The sections other than the store and the platforms: model, http, gateway, auth, limits, cron, tools, MCP,
+plugins, web, logging."""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+import zoneinfo
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gateway.config.base import (
+    _CHAT_PLATFORMS,
+    _AuthPlatform,
+    _check_http_url,
+    _context,
+    _empty_to_none,
+    _resolve_path,
+    _Section,
+)
+from gateway.config.discovery import gateway_home
+from gateway.config.errors import _invalid, _Problem, _raise_if
+
+_MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+
+
+class ModelSettings(_Section):
+    """The OpenAI-compatible model endpoint and how runs use it."""
+
+    base_url: Annotated[str, AfterValidator(_check_http_url)] = "https://api.openai.com/v1"
+    api_key: SecretStr = SecretStr("")
+    name: str = "gpt-4o-mini"
+    max_turns: int = Field(10, ge=1, le=100)
+    timeout: float = Field(120.0, gt=0)
+    connect_timeout: float = Field(10.0, gt=0)
+    max_retries: int = Field(2, ge=0, le=10)
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
+    stream: bool = True
+    system_prompt: str | None = None
+    system_prompt_file: Path | None = None
+    context_window: int = Field(128000, ge=1)
+    history_messages: int = Field(50, ge=0)
+    history_tokens: int = Field(16000, ge=0)
+
+    @field_validator("system_prompt_file")
+    @classmethod
+    def _resolve_prompt_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _resolve_path(value, info)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_prompt_file(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        settings = handler(data)
+        file = settings.system_prompt_file
+        if file is None:
+            return settings
+        loc = ("system_prompt_file",)
+        if settings.system_prompt is not None:
+            raise _invalid("cannot be set together with model.system_prompt", "keep one of the two", loc)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise _invalid(f"file not found: {file}", "create it, or remove the key", loc) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _invalid(f"cannot read {file}: {exc}", "it must be a readable UTF-8 text file", loc) from None
+        return settings.model_copy(update={"system_prompt": text})
+
+
+class HttpSettings(_Section):
+    """The one HTTP server (health, metrics, webhooks, run lookups)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    api_token: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
+    max_body_bytes: int = Field(1048576, ge=1)
+
+
+class GatewaySettings(_Section):
+    """Concurrency, busy-session policy and shutdown behaviour of the core."""
+
+    busy: Literal["queue", "interrupt"] = "queue"
+    max_concurrent_runs: int = Field(64, ge=1)
+    max_concurrent_webhook_runs: int = Field(16, ge=1)
+    # A run the gateway stopped during this many times is failed (its user told once), not started again.
+    max_run_attempts: int = Field(2, ge=1)
+    tool_threads: int = Field(32, ge=1)
+    stream_edit_interval: float = Field(1.0, gt=0)
+    typing_delay: float = Field(1.0, ge=0)
+    drain_timeout: float = Field(30.0, ge=0)
+    group_sessions_per_user: bool = True
+    loop_lag_warn_ms: float = Field(250.0, gt=0)
+    workspace: Path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _home_default(cls, data: Any, info: ValidationInfo) -> Any:
+        # Like the store, the default follows the loader's env, not necessarily os.environ.
+        if isinstance(data, Mapping) and "workspace" not in data:
+            data = {**data, "workspace": gateway_home(_context(info).env) / "workspace"}
+        return data
+
+    @field_validator("workspace")
+    @classmethod
+    def _resolve_workspace(cls, value: Path, info: ValidationInfo) -> Path:
+        return _resolve_path(value, info)
+
+
+def _check_admin(value: str) -> str:
+    platform, sep, user = value.partition(":")
+    if not sep or not user or platform not in _CHAT_PLATFORMS:
+        raise _invalid(f"invalid admin {value!r}",
+                       f"write <platform>:<user_id>, platform one of {', '.join(_CHAT_PLATFORMS)}")
+    return value
+
+
+class PlatformAuth(_Section):
+    """Who may talk to the gateway on one platform."""
+
+    # Numeric ids are usually written unquoted in YAML.
+    model_config = ConfigDict(coerce_numbers_to_str=True)
+
+    allow_all: bool = False
+    allowed_users: list[str] = Field(default_factory=list)
+    allowed_chats: list[str] = Field(default_factory=list)
+    denied_users: list[str] = Field(default_factory=list)
+
+
+class AuthSettings(_Section):
+    """Admins, per-platform allow and deny lists, DM pairing."""
+
+    admins: list[Annotated[str, AfterValidator(_check_admin)]] = Field(default_factory=list)
+    platforms: dict[_AuthPlatform, PlatformAuth] = Field(default_factory=dict)
+    dm_pairing: bool = False
+    pairing_code_ttl_seconds: int = Field(3600, ge=60)
+    max_pending_codes: int = Field(3, ge=1)
+
+
+class LimitsSettings(_Section):
+    """Abuse limits: inbound rate per user, and budgets per run and per user."""
+
+    user_messages_per_minute: float = Field(20, gt=0)
+    user_burst: int = Field(10, ge=1)
+    run_max_tool_calls: int = Field(50, ge=1)
+    run_max_tokens: int | None = Field(None, ge=1)
+    user_max_model_calls_per_hour: int | None = Field(None, ge=1)
+    user_max_tokens_per_hour: int | None = Field(None, ge=1)
+
+
+class CronSettings(_Section):
+    """Scheduled runs."""
+
+    timezone: str = "UTC"
+    misfire_grace_seconds: float = Field(3600.0, ge=0)
+    max_consecutive_failures: int = Field(3, ge=1)
+    min_interval_seconds: int = Field(60, ge=1)
+    max_jobs_per_user: int = Field(50, ge=1)
+    sync_interval_seconds: float = Field(5.0, gt=0)
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (ValueError, KeyError, OSError):
+            close = difflib.get_close_matches(value, sorted(zoneinfo.available_timezones()), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise _invalid(f"unknown time zone {value!r}",
+                           f"{hint}use an IANA name such as 'Europe/Berlin' or 'UTC'") from None
+        return value
+
+
+class ToolSearchSettings(_Section):
+    """Deferred tool definitions found by search instead of sent on every call."""
+
+    enabled: bool = True
+    threshold: float = Field(0.10, ge=0, le=1)
+
+
+def _check_server_name(name: str) -> str:
+    if not _MCP_SERVER_NAME.fullmatch(name):
+        raise _invalid("invalid MCP server name", "use 1-32 letters, digits, '_' or '-'; it becomes toolset mcp-<name>")
+    return name
+
+
+class McpServer(_Section):
+    """One MCP server: a command run as a subprocess (stdio) or a streamable HTTP endpoint (url)."""
+
+    # Env values and header values are often numbers or tokens written unquoted.
+    model_config = ConfigDict(coerce_numbers_to_str=True)
+
+    command: str | None = Field(None, min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, SecretStr] = Field(default_factory=dict)
+    url: Annotated[str, AfterValidator(_check_http_url)] | None = None
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    timeout: float = Field(60.0, gt=0)
+    connect_timeout: float = Field(10.0, gt=0)
+    enabled_tools: list[str] | None = None
+    disabled_tools: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> Self:
+        if (self.command is None) == (self.url is None):
+            raise _invalid("set either command (a stdio server) or url (a streamable HTTP server)",
+                           "e.g. command: npx with args: [-y, some-mcp-server], or url: https://host/mcp")
+        wrong = ("args", "env") if self.url is not None else ("headers",)
+        _raise_if([_Problem((key,), f"only used with {'command' if self.url is not None else 'url'}",
+                            "remove it, or switch the transport") for key in wrong if getattr(self, key)])
+        return self
+
+
+class PluginSettings(_Section):
+    """Python tool plugins: installed entry points and a directory of .py files."""
+
+    dir: Path | None = None
+    entry_points: bool = True
+
+    @field_validator("dir")
+    @classmethod
+    def _existing_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        path = _resolve_path(value, info)
+        if not path.is_dir():
+            raise _invalid(f"not a directory: {path}", "create it, or remove the key")
+        return path
+
+
+def _check_network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value)
+    except ValueError:
+        try:
+            fixed = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            raise _invalid(f"not a CIDR network: {value!r}", "e.g. 10.0.0.0/8 or fd00::/8") from None
+        raise _invalid(f"{value!r} has host bits set", f"write {fixed}") from None
+    return value
+
+
+class WebSettings(_Section):
+    """The web tools."""
+
+    search_url: Annotated[str, AfterValidator(_check_http_url)] | None = None
+    allow_private_networks: list[Annotated[str, AfterValidator(_check_network)]] = Field(default_factory=list)
+
+
+class SandboxLimitSettings(_Section):
+    """Limits of one sandboxed tool call; past one the call ends with a tool error (never retried)."""
+
+    timeout: float = Field(30.0, gt=0, le=3600)  # wall clock; a tool's own timeout argument extends it
+    cpu_seconds: float = Field(20.0, gt=0)
+    memory_mb: int = Field(1024, ge=64)  # address space of each process in the sandbox
+    open_files: int = Field(256, ge=16)
+    processes: int = Field(128, ge=8)  # processes and threads: a fork bomb stops here
+    file_size_mb: int = Field(1024, ge=1)
+
+
+class ToolsSettings(_Section):
+    """Where tools run: the sandbox for commands and untrusted content (see README, Tool sandbox)."""
+
+    sandbox: Literal["auto", "bwrap", "unshare", "uid", "none"] = "auto"
+    sandbox_uid: int = Field(65534, ge=1)  # the sandbox's user when the gateway runs as root
+    workers: int = Field(8, ge=1, le=64)  # per kind (with and without network); idle ones beyond one are stopped
+    limits: SandboxLimitSettings = Field(default_factory=SandboxLimitSettings)
+    network: dict[str, bool] = Field(default_factory=dict)  # per tool: overrides what the tool declares
+
+
+class LoggingSettings(_Section):
+    """Log level and format."""
+
+    level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"],
+                     BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)] = "INFO"
+    format: Literal["text", "json"] = "text"
+
