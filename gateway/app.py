@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -13,7 +14,7 @@ import model_tools
 from gateway.adapters import build_adapters, receives_on
 from gateway.agent import Agent, build_client, load_sdk_modules
 from gateway.config import Config
-from gateway.coordination import Coordinator
+from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.cron import CronService, StoreCronBackend
 from gateway.http import HttpServer
 from gateway.logs import redactor
@@ -21,6 +22,7 @@ from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.router import Router
 from gateway.runs import RunExecutor
+from gateway.status import gateway_summary
 from gateway.store import PlatformStateStore, Store
 from gateway.tool_sandbox import start_sandbox, stop_sandbox, tool_settings
 from gateway.tool_state import install_tool_backends, uninstall_tool_backends
@@ -68,10 +70,17 @@ class _Mcp(Protocol):
 
 
 class Gateway:
-    """One running gateway. ``start()`` then ``stop()``; ``adapters`` may be injected by tests."""
+    """One running gateway. ``start()`` then ``stop()``; ``adapters`` may be injected by tests.
 
-    def __init__(self, cfg: Config, adapters: dict[str, BasePlatformAdapter] | None = None) -> None:
+    ``local``: a front end's own gateway (``hermes-gateway chat``) beside any daemon on the same store: it runs
+    only the injected adapters and their sessions; no configured platforms, HTTP server, cron scheduler, replica
+    coordination or resumed work, and its outbox sends only its adapters' parts.
+    """
+
+    def __init__(self, cfg: Config, adapters: dict[str, BasePlatformAdapter] | None = None, *,
+                 local: bool = False) -> None:
         self.cfg = cfg
+        self.local = local
         self.metrics = Metrics()
         self._extra_adapters = adapters or {}
         self.adapters: dict[str, BasePlatformAdapter] = {}
@@ -87,7 +96,9 @@ class Gateway:
         self.plugins: LoadedPlugins | None = None
         self._source_toolsets: list[str] = []
         self._stopped = False
-        self.coordinator: Coordinator = Coordinator.for_store(cfg.store.url)
+        self._accepting = False  # from serving until draining: what /readyz reports besides the store
+        self.started_at = 0.0  # unix time of start()
+        self.coordinator: Coordinator = LocalCoordinator() if local else Coordinator.for_store(cfg.store.url)
         self._leadership_changed = asyncio.Event()
         self._leadership_task: asyncio.Task[None] | None = None
         self._cron_running = False
@@ -101,6 +112,7 @@ class Gateway:
     async def start(self) -> None:
         """Open the store, connect adapters, resume unfinished work and start serving."""
         cfg = self.cfg
+        self.started_at = time.time()
         redactor.add(cfg.secret_values())
         model_tools.register_hook("transform_tool_result", _redact_tool_result)
         self.store = await Store.open(cfg.store.url)
@@ -128,13 +140,15 @@ class Gateway:
         await load_sdk_modules()
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
         agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics)
-        self.adapters = {**build_adapters(cfg), **self._extra_adapters}
+        self.adapters = {**({} if self.local else build_adapters(cfg)), **self._extra_adapters}
         platform_state = PlatformStateStore(self.store)
         for adapter in self.adapters.values():
             adapter.on_rejected = lambda platform, reason: self.metrics.events.labels(platform, reason).inc()
             adapter.state_store = platform_state
-        self.outbox = OutboxSender(self.store, self.adapters, self.metrics, coordinator.replica_id,
-                                   sole_sender=coordinator.sole, live_senders=coordinator.live_replicas)
+        self.outbox = (OutboxSender(self.store, self.adapters, self.metrics, sole_sender=False,
+                                    platforms=frozenset(self.adapters)) if self.local else
+                       OutboxSender(self.store, self.adapters, self.metrics, coordinator.replica_id,
+                                    sole_sender=coordinator.sole, live_senders=coordinator.live_replicas))
         executor = RunExecutor(cfg, self.store, agent, self.adapters, self.outbox, self.metrics)
         self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics, coordinator)
         coordinator.on_locks_lost = self.router.locks_lost
@@ -143,22 +157,25 @@ class Gateway:
         executor.cron_hook = self.router.cron = self.cron
         self.router.mcp = self.mcp
         set_cron_backend(StoreCronBackend(self.cron, asyncio.get_running_loop()))
-        self.http = HttpServer(cfg.http, self.metrics, self.store, self._readiness)
-        for adapter in self.adapters.values():
-            routes = getattr(adapter, "http_routes", None)
-            if routes is not None:
-                self.http.add_routes(routes())
-        # Unfinished work first, before anything new can be accepted: older events keep their place.
-        await self.router.resume()
-        await self.http.start()
+        if not self.local:
+            self.http = HttpServer(cfg.http, self.metrics, self.store, self._readiness, self._summary)
+            for adapter in self.adapters.values():
+                routes = getattr(adapter, "http_routes", None)
+                if routes is not None:
+                    self.http.add_routes(routes())
+            # Unfinished work first, before anything new can be accepted: older events keep their place.
+            await self.router.resume()
+            self._accepting = True
+            await self.http.start()
         for name, adapter in self.adapters.items():
             receive = receives_on(cfg, name) == "all" or self.coordinator.is_leader
             try:
                 await adapter.connect(self.router.on_message, receive=receive)
             except Exception as exc:  # one broken platform never stops the others
                 logger.error("platform %s failed to start: %s", name, exc)
-        await self._apply_leadership()  # as leader, the scheduler runs before start() returns
-        self._leadership_task = asyncio.create_task(self._follow_leadership(), name="leadership")
+        if not self.local:
+            await self._apply_leadership()  # as leader, the scheduler runs before start() returns
+            self._leadership_task = asyncio.create_task(self._follow_leadership(), name="leadership")
         self.outbox.start()
         # Everything alive now (modules, clients, config) lives as long as the process: keep it out of the
         # full garbage collections, whose pauses stall the event loop in proportion to what they scan.
@@ -197,14 +214,21 @@ class Gateway:
                              exc)
 
     async def _readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready: the store answers and this process serves (started, not draining). Platforms, MCP servers and
+        plugins are detail only: one chat platform's outage must not take webhooks and the API out of service."""
         store_ok = self.store is not None and await self.store.ping()
         platforms = {name: a.status() for name, a in self.adapters.items()}
-        ready = store_ok and all(a.state == AdapterState.CONNECTED for a in self.adapters.values())
-        # Tool sources are detail only: a dead MCP server or a broken plugin never makes the gateway unready.
-        return ready, {"store": "ok" if store_ok else "unreachable", "platforms": platforms,
+        ready = store_ok and self._accepting
+        return ready, {"store": "ok" if store_ok else "unreachable", "draining": self._stopped, "platforms": platforms,
                        "coordination": self.coordinator.status(),
                        "mcp": self.mcp.readiness() if self.mcp else {},
                        "plugins": {p.name: p.to_dict() for p in self.plugins.statuses} if self.plugins else {}}
+
+    async def _summary(self) -> dict[str, Any]:
+        assert self.store is not None
+        ready, detail = await self._readiness()
+        return await gateway_summary(self.store, ready, detail, started_at=self.started_at,
+                                     isolation=self.sandbox.isolation if self.sandbox else None)
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop accepting, let running work finish up to the drain timeout, flush the outbox, close.
@@ -213,6 +237,7 @@ class Gateway:
         if self._stopped:
             return
         self._stopped = True
+        self._accepting = False
         timeout = self.cfg.gateway.drain_timeout if drain_timeout is None else drain_timeout
         if self._leadership_task is not None:
             self._leadership_task.cancel()

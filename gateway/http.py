@@ -1,4 +1,4 @@
-"""The gateway's one aiohttp server: health, readiness, metrics, runs, and adapter endpoints."""
+"""The gateway's one aiohttp server: health, readiness, metrics, runs, status, and adapter endpoints."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from gateway.store import Store
 logger = logging.getLogger(__name__)
 
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+Summary = Callable[[], Awaitable[dict[str, Any]]]
+UNAUTHORIZED = "unauthorized: send Authorization: Bearer <http.api_token>"
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -27,17 +29,20 @@ def _json(data: Any, status: int = 200) -> web.Response:
 class HttpServer:
     """Owns the aiohttp application and its runner."""
 
-    def __init__(self, cfg: HttpSettings, metrics: Metrics, store: Store, readiness: Readiness) -> None:
+    def __init__(self, cfg: HttpSettings, metrics: Metrics, store: Store, readiness: Readiness,
+                 summary: Summary) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.store = store
         self.readiness = readiness
+        self.summary = summary
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/runs", self._list_runs)
         self.app.router.add_get("/runs/{run_id}", self._get_run)
+        self.app.router.add_get("/api/status", self._status)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -69,6 +74,11 @@ class HttpServer:
         ready, detail = await self.readiness()
         return _json({"ready": ready, **detail}, status=200 if ready else 503)
 
+    async def _status(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _json({"error": UNAUTHORIZED}, status=401)
+        return _json(await self.summary())
+
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
@@ -81,7 +91,7 @@ class HttpServer:
 
     async def _get_run(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
-            return _json({"error": "unauthorized: send Authorization: Bearer <http.api_token>"}, status=401)
+            return _json({"error": UNAUTHORIZED}, status=401)
         run = await self.store.get_run(request.match_info["run_id"])
         if run is None:
             return _json({"error": "run not found"}, status=404)
@@ -89,7 +99,7 @@ class HttpServer:
 
     async def _list_runs(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
-            return _json({"error": "unauthorized: send Authorization: Bearer <http.api_token>"}, status=401)
+            return _json({"error": UNAUTHORIZED}, status=401)
         try:
             limit = max(1, min(200, int(request.query.get("limit", "20"))))
         except ValueError:

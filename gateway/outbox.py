@@ -51,12 +51,15 @@ class OutboxSender:
     ``owner`` names this process in claims. ``sole_sender``: no other gateway shares the database,
     so claims found at start belong to dead incarnations and are taken over at once; otherwise
     ``live_senders`` tells which owners are alive, and the claims of the others are taken over.
+    ``platforms``: send only parts to these platforms (a front end's own gateway beside others on the
+    store leaves every other part to them).
     """
 
     def __init__(self, store: Store, adapters: Mapping[str, BasePlatformAdapter], metrics: Metrics,
                  owner: str | None = None, *, sole_sender: bool = True,
                  live_senders: Callable[[], Awaitable[set[str] | None]] | None = None,
-                 clock: Callable[[], float] = time.time, scan_interval: float = SCAN_INTERVAL_SECONDS) -> None:
+                 clock: Callable[[], float] = time.time, scan_interval: float = SCAN_INTERVAL_SECONDS,
+                 platforms: frozenset[str] | None = None) -> None:
         self.store = store
         self.adapters = adapters
         self.metrics = metrics
@@ -65,6 +68,7 @@ class OutboxSender:
         self.live_senders = live_senders
         self.clock = clock
         self.scan_interval = scan_interval
+        self.platforms = platforms
         self._wake = asyncio.Event()
         self._lanes: dict[str, list[OutboxRow]] = {}  # lane -> its known pending parts, by id
         self._lane_tasks: dict[str, asyncio.Task[None]] = {}
@@ -83,7 +87,8 @@ class OutboxSender:
         """Send these stored parts (each once, in id order within its lane)."""
         now = self.clock()
         for row in rows:
-            if row.id in self._queued or self._skip.get(row.id, 0.0) > now:
+            if (row.id in self._queued or self._skip.get(row.id, 0.0) > now
+                    or (self.platforms is not None and row.platform not in self.platforms)):
                 continue
             self._queued.add(row.id)
             bisect.insort(self._lanes.setdefault(row.lane, []), row, key=lambda r: r.id)

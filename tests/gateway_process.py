@@ -41,12 +41,13 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.port}"
 
     async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 20) -> None:
-        """Wait until ``/readyz`` answers 200 (the store and every adapter connected)."""
+        """Wait until ``/readyz`` answers 200 and reports every adapter connected."""
         async def poll() -> None:
             while True:
                 try:
                     async with http.get(f"{self.url}/readyz") as r:
-                        if r.status == 200:
+                        body = await r.json()
+                        if r.status == 200 and all(p["state"] == "connected" for p in body["platforms"].values()):
                             return
                 except aiohttp.ClientError:
                     pass

@@ -29,7 +29,7 @@ def _k8s(name: str) -> dict[str, Any]:
 
 def _routes() -> set[str]:
     cfg = parse_config({})
-    server = HttpServer(cfg.http, Metrics(), store=None, readiness=None)  # type: ignore[arg-type]
+    server = HttpServer(cfg.http, Metrics(), store=None, readiness=None, summary=None)  # type: ignore[arg-type]
     return {r.canonical for r in server.app.router.resources()}
 
 

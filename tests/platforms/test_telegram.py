@@ -544,7 +544,7 @@ async def test_rejected_token_fails_clearly_and_webhooks_keep_working(world: Wor
     gateway = await world.start({"token": "999:revoked-token"}, platforms={"webhook": {"routes": route}})
     assert any(message in r.getMessage() for r in caplog.records)
     ready = await world.readyz(gateway)
-    assert ready["ready"] is False
+    assert ready["ready"] is True  # a platform's state is reported, it does not take webhooks out of service
     assert ready["platforms"]["telegram"] == {"platform": "telegram", "state": "failed", "receiving": False,
                                              "last_error": message}
 
