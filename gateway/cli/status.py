@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import urllib.error
-import urllib.request
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +30,9 @@ def _base_url(args: argparse.Namespace) -> tuple[str, str]:
 
 def _get(url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
     """GET a JSON endpoint: (HTTP status, body). CliError when nothing answers."""
+    import urllib.error  # http.client and email: 40 ms that --help need not pay
+    import urllib.request
+
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
