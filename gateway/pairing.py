@@ -11,10 +11,13 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gateway.config import cli_command
 from gateway.store import OutboxPart, OutboxRow, Store, insert_ignoring_conflicts, metadata
 
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
@@ -62,6 +65,12 @@ def format_code(code: str) -> str:
     return f"{code[:4]}-{code[4:]}"
 
 
+def approve_command(code: str, config_source: Path | None) -> str:
+    """The shell command that approves ``code`` on the store of the config loaded from ``config_source``,
+    exactly as an operator types it (``--config`` only when discovery would not find that file)."""
+    return cli_command(f"pairing approve {format_code(code)}", config_source)
+
+
 @dataclass(slots=True, frozen=True)
 class PendingCode:
     """A code waiting for approval."""
@@ -72,6 +81,15 @@ class PendingCode:
     user_name: str | None
     chat_id: str
     expires_at: float
+
+
+class ApprovedUser(NamedTuple):
+    """A user an admin approved (and nobody revoked since)."""
+
+    platform: str
+    user_id: str
+    user_name: str | None
+    approved_by: str
 
 
 @dataclass(slots=True, frozen=True)
@@ -162,11 +180,11 @@ class PairingStore:
         rows = await self.db.read(lambda conn: conn.execute(query).all())
         return [PendingCode(r.code, r.platform, r.user_id, r.user_name, r.chat_id, r.expires_at) for r in rows]
 
-    async def approved(self) -> list[tuple[str, str, str | None, str]]:
-        """Approved users as (platform, user_id, user_name, approved_by)."""
+    async def approved(self) -> list[ApprovedUser]:
+        """Approved users, first approved first."""
         query = sa.select(approved_users_t).order_by(approved_users_t.c.approved_at)
         rows = await self.db.read(lambda conn: conn.execute(query).all())
-        return [(r.platform, r.user_id, r.user_name, r.approved_by) for r in rows]
+        return [ApprovedUser(r.platform, r.user_id, r.user_name, r.approved_by) for r in rows]
 
     async def revoke(self, platform: str, user_id: str) -> bool:
         """Withdraw an approval."""

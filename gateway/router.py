@@ -26,7 +26,7 @@ from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.limits import InboundLimiter
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
-from gateway.pairing import PairingStore, format_code, notify_approved
+from gateway.pairing import PairingStore, approve_command, format_code, notify_approved
 from gateway.runs import RunExecutor, RunJob, Target
 from gateway.session import SessionLanes, session_key
 from gateway.store import InboxRow, NewRun, OutboxPart, Store
@@ -183,8 +183,8 @@ class Router:
         code = await self.pairing.issue(event.platform, event.user_id, event.user_name, event.chat_id)
         if code is None:
             return  # a code went out within the hour, or too many are pending: stay quiet
-        logger.warning("pairing code issued to %s user %s (%s); approve with: hermes-gateway pairing approve %s",
-                       event.platform, event.user_id, event.user_name, format_code(code))
+        logger.warning("pairing code issued to %s user %s (%s); approve with: %s",
+                       event.platform, event.user_id, event.user_name, approve_command(code, self.cfg.source))
         await self._notify(event, "pair", PAIRING_NOTICE.format(code=format_code(code)))
 
     async def approve_pairing(self, event: MessageEvent, code: str) -> str:

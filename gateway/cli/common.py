@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.config import Config
+    from gateway.config import Config, StoreConfig
 
 HOME_ENV = "HERMES_GATEWAY_HOME"
 CONFIG_ENV = "HERMES_GATEWAY_CONFIG"
-DEFAULT_HOME = "~/.hermes-gateway"
 
 
 class CliError(Exception):
@@ -83,19 +82,22 @@ def config_parent() -> argparse.ArgumentParser:
 
 def home_dir(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
     """The gateway's home: ``$HERMES_GATEWAY_HOME``, else ``~/.hermes-gateway``."""
-    env = os.environ if env is None else env
-    return Path(env.get(HOME_ENV) or DEFAULT_HOME).expanduser()
+    from gateway.config import gateway_home
+
+    return gateway_home(env)
 
 
 def config_path(args: argparse.Namespace, env: dict[str, str] | os._Environ[str] | None = None) -> Path | None:
     """The config file to use: ``--config``, else ``$HERMES_GATEWAY_CONFIG``, else the home's
-    ``config.yaml`` when it exists; None means the embedded defaults."""
-    env = os.environ if env is None else env
-    explicit = getattr(args, "config", None) or env.get(CONFIG_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    found = home_dir(env) / "config.yaml"
-    return found if found.is_file() else None
+    ``config.yaml`` when it exists; None means the embedded defaults.
+
+    The ``.env`` beside it (in the home when there is no file) is loaded into the environment first,
+    never overriding what is already set, so ``${VAR}`` in the config can come from it."""
+    from gateway.config import discover_config, load_env_file
+
+    path = discover_config(getattr(args, "config", None), env)
+    load_env_file(path, env)
+    return path
 
 
 def print_json(value: Any) -> None:
@@ -108,11 +110,26 @@ def err(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def _setup_logging(args: argparse.Namespace, cfg: Config | StoreConfig) -> None:
+    from gateway.logs import setup_logging
+
+    setup_logging(args.log_level or cfg.logging.level, args.log_format or cfg.logging.format, cfg.secret_values())
+
+
 def load(args: argparse.Namespace) -> Config:
     """The whole config, validated, with logging set up from it (for commands that run the gateway)."""
     from gateway.config import load_config
-    from gateway.logs import setup_logging
 
     cfg = load_config(config_path(args))
-    setup_logging(args.log_level or cfg.logging.level, args.log_format or cfg.logging.format, cfg.secret_values())
+    _setup_logging(args, cfg)
+    return cfg
+
+
+def load_store(args: argparse.Namespace) -> StoreConfig:
+    """Only what admin commands use (the store, pairing limits, cron sync interval, logging), validated, with
+    logging set up: secrets the rest of the config refers to need not be set."""
+    from gateway.config import load_store_config
+
+    cfg = load_store_config(config_path(args))
+    _setup_logging(args, cfg)
     return cfg

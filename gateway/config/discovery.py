@@ -44,10 +44,10 @@ def dotenv_file(config: Path | None, env: Mapping[str, str] | None = None) -> Pa
     return (config.expanduser().absolute().parent if config is not None else gateway_home(env)) / DOTENV_NAME
 
 
-def load_env_file(config: Path | None) -> Path | None:
-    """Load the ``.env`` of ``config`` into ``os.environ``, never overriding a variable already set;
-    returns the file when there was one."""
-    file = dotenv_file(config)
+def load_env_file(config: Path | None, env: Mapping[str, str] | None = None) -> Path | None:
+    """Load the ``.env`` of ``config`` (its home found in ``env``) into ``os.environ``, never overriding a
+    variable already set; returns the file when there was one."""
+    file = dotenv_file(config, env)
     if not file.is_file():
         return None
     load_dotenv(file, override=False)

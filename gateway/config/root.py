@@ -88,16 +88,18 @@ STORE_CONFIG_KEYS: dict[str, tuple[str, ...] | None] = {
     "store": None,
     "auth": ("pairing_code_ttl_seconds", "max_pending_codes"),
     "cron": ("sync_interval_seconds",),
+    "logging": None,
 }
 
 
 class StoreConfig(_Root):
-    """What the admin commands (``runs``, ``pairing``, ``cron``) need: the store, the pairing limits and the
-    cron sync interval. Only the keys in ``STORE_CONFIG_KEYS`` are read; the others keep their defaults."""
+    """What the admin commands (``runs``, ``pairing``, ``cron``) need: the store, the pairing limits, the
+    cron sync interval and logging. Only the keys in ``STORE_CONFIG_KEYS`` are read; others keep their defaults."""
 
     store: StoreSettings = _home_relative()
     auth: AuthSettings = Field(default_factory=AuthSettings)
     cron: CronSettings = Field(default_factory=CronSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     def secret_values(self) -> list[str]:
         """The store URL's password, if any (for the log redaction filter)."""
