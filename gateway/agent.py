@@ -25,6 +25,7 @@ import model_tools
 from gateway.config import ModelSettings
 from gateway.limits import RunBudget
 from gateway.metrics import Metrics
+from gateway.model_errors import ModelError, explain
 from gateway.store import ChatMessage
 from tools.clarify_tool import format_clarify_question
 
@@ -45,14 +46,6 @@ CUT_OFF_NOTES = {
 _SDK_MAX_CONNECTIONS = 1000  # the openai SDK's own defaults
 _SDK_KEEPALIVE = 100
 _CHUNK_STREAM = openai.AsyncStream[ChatCompletionChunk]
-
-
-class ModelError(Exception):
-    """The model could not be reached or refused; ``user_message`` is safe to show."""
-
-    def __init__(self, user_message: str, detail: str) -> None:
-        super().__init__(detail)
-        self.user_message = user_message
 
 
 @dataclass(slots=True)
@@ -124,20 +117,6 @@ async def load_sdk_modules() -> None:
     """Import now what the SDK would import on the event loop at the end of the first streamed answer
     (anyio's asyncio backend, for the stream's clean-up: an 8-17 ms stall of every chat on the loop)."""
     await anyio.sleep(0)
-
-
-def _user_message_for(exc: Exception) -> str:
-    if isinstance(exc, openai.APITimeoutError):
-        return "The model did not answer in time. Please try again in a moment."
-    if isinstance(exc, openai.APIConnectionError):
-        return "I can't reach the model service right now. Please try again in a moment."
-    if isinstance(exc, openai.RateLimitError):
-        return "The model service is rate-limiting us. Please try again in a minute."
-    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-        return "The gateway's model credentials were rejected; an operator needs to fix the configuration."
-    if isinstance(exc, openai.APIStatusError) and exc.status_code >= 500:
-        return "The model service had an internal error. Please try again in a moment."
-    return "The model request failed. Please try again or rephrase."
 
 
 def trim_history(history: Sequence[ChatMessage], token_budget: int) -> list[ChatMessage]:
@@ -238,7 +217,7 @@ class Agent:
             response = await post_chat_completion(self.client, kwargs)
         except openai.OpenAIError as exc:
             self.metrics.model_errors.labels(type(exc).__name__).inc()
-            raise ModelError(_user_message_for(exc), f"{type(exc).__name__}: {exc}") from exc
+            raise explain(exc, self.cfg) from exc
         if not response.choices:
             raise ModelError("The model returned an empty answer. Please try again.", "no choices")
         choice = response.choices[0]

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import model_tools
-from gateway.agent import Agent, ModelError, trim_history
+from gateway.agent import Agent, trim_history
 from gateway.config import Config
 from gateway.limits import RunBudget, UserBudgets
 from gateway.logs import redactor
 from gateway.metrics import Metrics
+from gateway.model_errors import ModelError
 from gateway.outbox import OutboxSender
 from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, SessionRef, Store
 from platforms.base import BasePlatformAdapter, MessageEvent, split_message
