@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -111,3 +115,36 @@ async def test_the_demoted_library_warnings_show_at_debug(console: io.StringIO) 
     await _sending_client()
     out = console.getvalue()
     assert "DEBUG discord.client: PyNaCl is not installed" in out and "DEBUG discord.state: Guilds intent" in out
+
+
+def _run_briefly(tmp_path: Path, http: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """``hermes-gateway run`` with these ``http`` settings, expected to exit on its own."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"http": http, "store": {"url": f"sqlite:///{tmp_path}/state.db"}}))
+    return subprocess.run([sys.executable, "-m", "gateway", "run", "--config", str(config)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "HERMES_GATEWAY_HOME": str(tmp_path)})
+
+
+def _not_log_records(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if not _RECORD.match(line)]
+
+
+def test_a_busy_http_port_is_one_line_naming_http_port(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _run_briefly(tmp_path, {"host": "127.0.0.1", "port": port})
+    assert result.returncode == 1, result.stderr
+    assert _not_log_records(result.stderr) == [
+        f"error: cannot listen on 127.0.0.1:{port} (http.host, http.port): the port is already in use "
+        "(another gateway?); stop that process or change http.port"], result.stderr
+    assert "gateway stopped" in result.stderr  # what had started was stopped
+
+
+def test_an_http_host_not_of_this_machine_names_http_host(tmp_path: Path) -> None:
+    result = _run_briefly(tmp_path, {"host": "192.0.2.1", "port": 0})  # TEST-NET-1: nobody's address
+    assert result.returncode == 1, result.stderr
+    assert _not_log_records(result.stderr) == [
+        "error: cannot listen on 192.0.2.1:0 (http.host, http.port): the address is not one of this machine's; "
+        "change http.host"], result.stderr
