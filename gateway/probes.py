@@ -21,7 +21,9 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import aiohttp
+import openai
 import sqlalchemy as sa
+from pydantic import SecretStr
 
 from gateway.config import (
     Config,
@@ -128,9 +130,7 @@ def _unreachable(check: str, exc: BaseException, url: str, setting: str, timeout
 
 async def probe_model(model: ModelSettings, timeout: float = 10.0) -> CheckResult:
     """A one-token chat completion against ``model.base_url`` with ``model.name``."""
-    import openai
-
-    from gateway.agent import build_client, post_chat_completion
+    from gateway.agent import build_client, post_chat_completion  # the tool pipeline: only when a model is probed
 
     check, url = "model", model.base_url
     settings = model.model_copy(update={"max_retries": 0, "timeout": timeout,
@@ -145,9 +145,8 @@ async def probe_model(model: ModelSettings, timeout: float = 10.0) -> CheckResul
                 if "max_tokens" not in exc.message:
                     raise
                 # Newer OpenAI models refuse max_tokens and take max_completion_tokens instead.
-                body = {**body, "max_completion_tokens": 1}
-                del body["max_tokens"]
-                await post_chat_completion(client, body)
+                body = {key: value for key, value in body.items() if key != "max_tokens"}
+                await post_chat_completion(client, {**body, "max_completion_tokens": 1})
         except openai.APIStatusError as exc:
             return await _model_refused(client, model, exc)
         except openai.APIConnectionError as exc:
@@ -155,10 +154,8 @@ async def probe_model(model: ModelSettings, timeout: float = 10.0) -> CheckResul
     return _ok(check, f"{model.name} at {url} answered in {(time.perf_counter() - started) * 1000:.0f} ms")
 
 
-async def _model_refused(client: object, model: ModelSettings, exc: object) -> CheckResult:
-    import openai
-
-    assert isinstance(client, openai.AsyncOpenAI) and isinstance(exc, openai.APIStatusError)
+async def _model_refused(client: openai.AsyncOpenAI, model: ModelSettings, exc: openai.APIStatusError
+                         ) -> CheckResult:
     body = exc.body if isinstance(exc.body, dict) else {}
     status, detail = exc.status_code, str(body.get("message") or exc.message)
     if isinstance(exc, openai.AuthenticationError):
@@ -186,9 +183,8 @@ async def _model_refused(client: object, model: ModelSettings, exc: object) -> C
 # -- chat platforms ------------------------------------------------------------------------------------------
 
 
-def _secret(value: object) -> str:
-    get = getattr(value, "get_secret_value", None)
-    return get() if get is not None else ""
+def _secret(value: SecretStr | None) -> str:
+    return value.get_secret_value() if value is not None else ""
 
 
 async def probe_telegram(tg: TelegramPlatform, timeout: float = 10.0) -> CheckResult:

@@ -138,15 +138,24 @@ def _probe(plan: _Plan, sections: list[str], timeout: float) -> list[CheckResult
     return asyncio.run(run())
 
 
+_NO_ANSWER = "no answer: the input ended (pass --non-interactive and flags to set up without questions)"
+
+
 def _ask(prompt: str, default: str = "") -> str:
     shown = f" [{default}]" if default else ""
-    return input(f"{prompt}{shown}: ").strip() or default
+    try:
+        return input(f"{prompt}{shown}: ").strip() or default
+    except EOFError:
+        raise CliError(_NO_ANSWER, 2) from None
 
 
 def _ask_secret(prompt: str) -> str:
     import getpass
 
-    return getpass.getpass(f"{prompt} (hidden): ").strip()
+    try:
+        return getpass.getpass(f"{prompt} (hidden): ").strip()
+    except EOFError:
+        raise CliError(_NO_ANSWER, 2) from None
 
 
 def _confirmed(results: list[CheckResult]) -> bool:

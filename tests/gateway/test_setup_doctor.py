@@ -316,3 +316,9 @@ async def test_model_probe_names_the_real_cause(sims: tuple[ScriptedModel, Teleg
     model.fail_next(status=400, message="Unsupported parameter: 'max_tokens'. Use 'max_completion_tokens' instead.")
     assert (await probe_model(settings())).status == "ok"
     assert "max_completion_tokens" in model.requests[-1] and "max_tokens" not in model.requests[-1]
+
+
+async def test_interactive_setup_without_answers_stops_and_writes_nothing(tmp_path: Path) -> None:
+    done = await _cli(tmp_path, "setup", stdin="")
+    assert done.code == 2 and "no answer: the input ended (pass --non-interactive" in done.err
+    assert "Traceback" not in done.err and not (tmp_path / "config.yaml").exists()
