@@ -154,8 +154,9 @@ async def _until(predicate: Any) -> None:
 def _check(tmp_path: Path, config: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
-    return subprocess.run([sys.executable, "-m", "gateway", "check", "--config", str(path)], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "HERMES_GATEWAY_HOME": str(tmp_path)})
+    return subprocess.run([sys.executable, "-m", "gateway", "check", "--show", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HERMES_GATEWAY_HOME": str(tmp_path)})
 
 
 @pytest.mark.parametrize(("config", "expected"), [

@@ -247,9 +247,11 @@ async def test_cli_mcp_list_test_and_check(tmp_path: Path) -> None:
         "store": {"url": f"sqlite:///{tmp_path}/state.db"},
         "mcp_servers": {"files": {**STDIO, "disabled_tools": ["crash"]},
                         "down": {"url": f"http://127.0.0.1:{closed_port()}/mcp", "connect_timeout": 5}}}))
-    (code, out, _), (test_code, test_out, _), (bad_code, _, bad_err), (check_code, _, check_err) = \
-        await asyncio.gather(_cli("mcp", "list", "-c", str(config)), _cli("mcp", "test", "files", "-c", str(config)),
-                             _cli("mcp", "test", "down", "-c", str(config)), _cli("check", "-c", str(config)))
+    (code, out, _), (test_code, test_out, _), (bad_code, _, bad_err), (check_code, _, check_err), \
+        (doctor_code, doctor_out, _) = await asyncio.gather(
+            _cli("mcp", "list", "-c", str(config)), _cli("mcp", "test", "files", "-c", str(config)),
+            _cli("mcp", "test", "down", "-c", str(config)), _cli("check", "-c", str(config)),
+            _cli("doctor", "-c", str(config)))
     assert code == 0
     assert re.search(r"^files +stdio .*stdio_server\.py\n +connected in [\d.]+ s: 9 tools \(1 left out", out, re.M)
     assert re.search(r"^down +http .*\n +unreachable: ConnectError", out, re.M)
@@ -258,10 +260,12 @@ async def test_cli_mcp_list_test_and_check(tmp_path: Path) -> None:
     assert re.search(r"^  \+ echo +Echo the given text back unchanged\.$", test_out, re.M)
     assert re.search(r"^  - crash +\(left out by config\)", test_out, re.M)
     assert bad_code == 1 and "unreachable after" in bad_err
-    assert check_code == 0  # an unreachable MCP server is a warning, not a config error
-    assert re.search(r"^mcp server files: reachable \(9 tools", check_err, re.M)
-    assert "warning: mcp server down unreachable: ConnectError" in check_err
-    assert check_err.rstrip().endswith("config OK")
+    assert check_code == 0 and check_err.rstrip().endswith("config OK")  # check contacts no MCP server
+    assert "unreachable" not in check_err and "ConnectError" not in check_err
+    assert "mcp servers: down (http), files (stdio); not contacted" in check_err
+    assert doctor_code == 1, doctor_out  # doctor starts them: one answers, one is down
+    assert re.search(r"^ok +mcp files: .* with 9 tools", doctor_out, re.M), doctor_out
+    assert re.search(r"^fail +mcp down: .*ConnectError", doctor_out, re.M), doctor_out
 
 
 def test_runtime_toolsets_must_be_named_for_their_source() -> None:
