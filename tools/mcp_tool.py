@@ -28,6 +28,7 @@ import functools
 import importlib.metadata
 import json
 import logging
+import os
 import random
 import re
 import threading
@@ -36,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
 import anyio
 import httpx2
@@ -67,6 +68,7 @@ _SSE_READ_TIMEOUT = 300.0  # streamable HTTP keeps a GET stream open for server 
 _MAX_PAGES = 100
 _MAX_DESCRIPTION = 1024
 _MAX_NAME = 64
+_MAX_STDERR_LINE = 4096  # a longer stderr "line" of a server is logged in pieces of this size
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 try:
@@ -177,6 +179,44 @@ def describe_error(exc: BaseException) -> str:
     return sanitize_error_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 300)
 
 
+async def _log_lines(pipe: BinaryIO, server: str) -> None:
+    """Log each line written to the pipe at DEBUG, until every writer has closed it."""
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    pending = b""
+    try:
+        while chunk := await reader.read(_MAX_STDERR_LINE):
+            *lines, pending = (pending + chunk).split(b"\n")
+            if len(pending) >= _MAX_STDERR_LINE:
+                lines, pending = [*lines, pending], b""
+            for line in lines:
+                logger.debug("MCP server %s (stderr): %s", server, line.decode(errors="replace").rstrip())
+        if pending:
+            logger.debug("MCP server %s (stderr): %s", server, pending.decode(errors="replace").rstrip())
+    finally:
+        transport.close()
+
+
+@asynccontextmanager
+async def _stderr_to_log(server: str) -> AsyncIterator[TextIO]:
+    """A pipe for a stdio server's stderr whose lines go to the log at DEBUG rather than to the gateway's console;
+    close the yielded end once the server has started (it keeps its own copy)."""
+    read_end, write_end = os.pipe()
+    reader, writer = os.fdopen(read_end, "rb"), os.fdopen(write_end, "w")
+    task = asyncio.create_task(_log_lines(reader, server))
+    try:
+        yield writer
+    finally:
+        writer.close()
+        # The server has been stopped: what it wrote last is read, unless a child of it still holds the pipe.
+        done, _ = await asyncio.wait([task], timeout=1.0)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        reader.close()
+
+
 @asynccontextmanager
 async def _open_session(spec: McpServerSpec,
                         on_message: MessageHandlerFnT | None = None) -> AsyncIterator[ClientSession]:
@@ -185,7 +225,9 @@ async def _open_session(spec: McpServerSpec,
         if spec.command is not None:
             argv = spec.launcher(spec.command, spec.args) if spec.launcher else [spec.command, *spec.args]
             params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(spec.env) or None)
-            read, write = await stack.enter_async_context(stdio_client(params))
+            errlog = await stack.enter_async_context(_stderr_to_log(spec.name))
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            errlog.close()
         else:
             timeout = httpx2.Timeout(max(_SSE_READ_TIMEOUT, spec.timeout + _CALL_GRACE), connect=spec.connect_timeout)
             client = await stack.enter_async_context(httpx2.AsyncClient(headers=dict(spec.headers), timeout=timeout))

@@ -3,6 +3,7 @@ out, start-up failures are one line, and ``--help`` imports nothing heavy."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -148,3 +149,39 @@ def test_an_http_host_not_of_this_machine_names_http_host(tmp_path: Path) -> Non
     assert _not_log_records(result.stderr) == [
         "error: cannot listen on 192.0.2.1:0 (http.host, http.port): the address is not one of this machine's; "
         "change http.host"], result.stderr
+
+
+_NOISY = {"command": sys.executable,
+          "args": [str(Path(__file__).resolve().parents[1] / "mcp_servers" / "noisy_stdio_server.py")]}
+_NOISE = "noisy-server: starting up, nothing is wrong"
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+def test_an_mcp_servers_stderr_is_logged_at_debug_not_printed(tmp_path: Path, level: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"mcp_servers": {"noisy": _NOISY}}))
+    result = subprocess.run([sys.executable, "-m", "gateway", "mcp", "test", "noisy", "--config", str(config),
+                             "--log-level", level], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HERMES_GATEWAY_HOME": str(tmp_path)})
+    assert result.returncode == 0 and "connected in" in result.stdout, result.stderr
+    logged = [line for line in result.stderr.splitlines() if _NOISE in line]
+    if level == "INFO":
+        assert logged == [], result.stderr
+    else:
+        assert len(logged) == 1 and f"DEBUG tools.mcp_tool: MCP server noisy (stderr): {_NOISE}" in logged[0]
+
+
+async def test_the_gateways_mcp_servers_write_nothing_on_its_console(
+        make_gateway: Any, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="tools.mcp_tool"):
+        h = await make_gateway({"mcp_servers": {"noisy": _NOISY}})
+
+        async def connected() -> None:
+            while h.gateway.mcp.status()["noisy"].state != "connected" or not any(
+                    _NOISE in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(connected(), 30)
+    assert _NOISE not in capfd.readouterr().err  # the process's own stderr (file descriptor 2)
+    [record] = [r for r in caplog.records if _NOISE in r.getMessage()]
+    assert record.levelno == logging.DEBUG and record.getMessage() == f"MCP server noisy (stderr): {_NOISE}"
