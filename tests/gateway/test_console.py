@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import os
 import re
@@ -185,3 +186,20 @@ async def test_the_gateways_mcp_servers_write_nothing_on_its_console(
     assert _NOISE not in capfd.readouterr().err  # the process's own stderr (file descriptor 2)
     [record] = [r for r in caplog.records if _NOISE in r.getMessage()]
     assert record.levelno == logging.DEBUG and record.getMessage() == f"MCP server noisy (stderr): {_NOISE}"
+
+
+_HEAVY = ("openai", "aiohttp", "sqlalchemy", "telegram", "discord", "slack_bolt", "slack_sdk", "pydantic", "yaml",
+          "mcp", "httpx2", "prometheus_client")
+
+
+def test_building_the_cli_parser_imports_no_heavy_library() -> None:
+    # What --help and shell completion run: every subcommand's parser, its help text formatted.
+    code = ("import json, sys, gateway.cli\n"
+            "parser = gateway.cli.build_parser()\n"
+            "parser.format_help()\n"
+            "for choice in parser._subparsers._group_actions[0].choices.values(): choice.format_help()\n"
+            f"print(json.dumps(sorted(m for m in {list(_HEAVY)!r} if m in sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
