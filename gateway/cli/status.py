@@ -3,52 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import timedelta
 from typing import Any
 
+from gateway.cli._http import base_url, request_json
 from gateway.cli.common import CliError, config_parent, config_path, print_json
 
 ORDER = 3
-TIMEOUT_SECONDS = 5.0
-_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}
 
 
 def _base_url(args: argparse.Namespace) -> tuple[str, str]:
-    """The gateway's URL (``--url``, else the config's http.host and http.port) and its API token."""
+    """The gateway's URL and its API token, from ``--url`` and the config."""
     from gateway.config import load_config
 
     http = load_config(config_path(args)).http
-    token = http.api_token.get_secret_value() if http.api_token else ""
-    if args.url:
-        return args.url.rstrip("/"), token
-    if not http.port:
-        raise CliError("http.port is 0 in the config (a port chosen at start): pass --url", 2)
-    host = _LOOPBACK.get(http.host, f"[{http.host}]" if ":" in http.host else http.host)
-    return f"http://{host}:{http.port}", token
-
-
-def _get(url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
-    """GET a JSON endpoint: (HTTP status, body). CliError when nothing answers."""
-    import urllib.error  # http.client and email: 40 ms that --help need not pay
-    import urllib.request
-
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:  # 401, 503: still the gateway's answer
-        with exc:
-            try:
-                return exc.code, json.load(exc)
-            except ValueError:
-                return exc.code, {}
-    except OSError as exc:  # refused, unreachable, timed out (URLError is one)
-        reason = getattr(exc, "reason", exc)
-        raise CliError(f"no gateway answered at {url.rsplit('/', 1)[0]} ({reason}); is it running? "
-                       "(--url points elsewhere)") from None
-    except ValueError:
-        raise CliError(f"{url} did not answer with JSON: is that a hermes-gateway?") from None
+    return base_url(http, args.url), http.api_token.get_secret_value() if http.api_token else ""
 
 
 def _platform(name: str, status: dict[str, Any]) -> str:
@@ -76,11 +45,11 @@ def _lines(url: str, s: dict[str, Any]) -> list[str]:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     url, token = _base_url(args)
-    ready_code, ready = _get(f"{url}/readyz")
+    ready_code, ready = request_json(f"{url}/readyz")
     if not token:
         raise CliError(f"/readyz answered {ready_code} (ready: {ready.get('ready')}); the summary needs "
                        "http.api_token, which the config does not set")
-    code, summary = _get(f"{url}/api/status", token)
+    code, summary = request_json(f"{url}/api/status", token=token)
     if code == 401:
         raise CliError(f"{url}/api/status refused the token (401): http.api_token in the config differs from the "
                        "running gateway's")
