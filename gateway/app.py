@@ -43,7 +43,7 @@ def _redact_tool_result(name: str, args: dict[str, Any], result: str) -> str:
     return redactor(result)
 
 
-def _install_source_toolsets(cfg: Config, plugins: LoadedPlugins) -> list[str]:
+def install_source_toolsets(cfg: Config, plugins: LoadedPlugins) -> list[str]:
     """Toolsets of the loaded plugins, plus an empty one (logged) for each mcp-/plugin- toolset the
     config names that nothing provides, so those runs still start; returns the names created."""
     created: list[str] = []
@@ -133,7 +133,7 @@ class Gateway:
             mcp = McpService(cfg.mcp_servers, self.sandbox.program_launcher() if self.sandbox else None)
             mcp.start()  # connects in the background: a slow server never delays startup
             self.mcp = mcp
-        self._source_toolsets = _install_source_toolsets(cfg, self.plugins)
+        self._source_toolsets = install_source_toolsets(cfg, self.plugins)
         install_tool_backends(self.store, asyncio.get_running_loop())
         runs = cfg.gateway.max_concurrent_runs + cfg.gateway.max_concurrent_webhook_runs
         self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time
