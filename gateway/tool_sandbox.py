@@ -24,9 +24,11 @@ def _sqlite_file(url: str) -> Path | None:
 
 
 def sensitive_paths(cfg: Config, config_path: Path | None = None) -> list[Path]:
-    """The gateway's own files, which no tool may see: its config, ``.env``, home and state database."""
+    """The gateway's own files, which no tool may see: its config (``config_path``, else the file ``cfg`` was
+    loaded from), ``.env``, home and state database."""
     home = gateway_home()
     paths = [home / "config.yaml", home / ".env"]
+    config_path = config_path or cfg.source
     if config_path is not None:
         paths += [config_path, config_path.parent / ".env"]
     db = _sqlite_file(cfg.store.url)

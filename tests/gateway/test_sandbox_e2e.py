@@ -395,3 +395,16 @@ async def test_with_sandbox_none_tools_run_in_the_gateway_with_a_warning(make_ga
     assert _offered(h.model) >= SANDBOXED_TOOLS
     [call] = run["tool_calls"]
     assert json.loads(call["result"])["output"].strip() == str(os.geteuid())  # the gateway's own user
+
+
+def test_run_refuses_a_workspace_holding_its_config_file(tmp_path: Path) -> None:
+    """The running gateway checks the file it was started with, not only the home's config.yaml."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    config = etc / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"tools": {"sandbox": "none"}, "gateway": {"workspace": str(etc)},
+                                      "store": {"url": f"sqlite:///{tmp_path}/state.db"}, "http": {"port": 0}}))
+    done = subprocess.run([sys.executable, "-m", "gateway", "run", "--config", str(config)], capture_output=True,
+                          text=True, timeout=HANG_GUARD, env={**os.environ, "HERMES_GATEWAY_HOME": str(tmp_path / "h")})
+    assert done.returncode == 2, done.stderr
+    assert f"gateway.workspace: {etc} holds the gateway's own files ({config})" in done.stderr
