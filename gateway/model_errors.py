@@ -121,7 +121,9 @@ def _connection_error(exc: openai.APIConnectionError, cfg: ModelSettings) -> Mod
     if isinstance(exc, openai.APITimeoutError):
         return ModelError("The model did not answer in time. Please try again in a moment.",
                           f"no answer from {address} within model.timeout ({cfg.timeout:g} s)")
-    return ModelError(_TRANSIENT.format(""), f"the connection to {address} failed ({cause})")
+    # Connected, then the connection failed (the server closed it mid-answer, a proxy cut it, ...).
+    return ModelError("The connection to the model service broke off. Please try again in a moment.",
+                      f"the connection to {address} failed during the request ({cause})")
 
 
 def explain(exc: openai.OpenAIError, cfg: ModelSettings) -> ModelError:

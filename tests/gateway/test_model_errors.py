@@ -30,11 +30,13 @@ def ask(make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture) -> Ask:
         if prepare is not None:
             prepare(h)
         with caplog.at_level("WARNING", logger="gateway.runs"):
-            await h.chat.user_says("hello")
-            await h.chat.wait_for(lambda: bool(h.chat.sent), timeout=20)
+            accepted = await h.chat.user_says("hello")
+            run = await h.wait_run(accepted.run_id, timeout=20)
         [logged] = [r.getMessage() for r in caplog.records if "model error" in r.getMessage()]
         assert "timed out" not in logged.lower() or "model.timeout" in logged, logged
-        return h.chat.sent[0].text, logged
+        assert run["status"] == "failed" and run["error"] == logged.split("model error: ", 1)[1]
+        await h.chat.wait_for(lambda: run["result"] in h.chat.final_texts())  # what the user is told
+        return run["result"], logged
 
     return _ask
 
@@ -204,3 +206,9 @@ async def test_an_unreachable_network_is_named(ask: Ask) -> None:
     reply, logged = await ask({"base_url": "http://255.255.255.255/v1"})
     assert "cannot connect to 255.255.255.255:80 (Network is unreachable)" in logged, logged
     assert "check model.base_url" in logged and "model.base_url" in reply
+
+
+async def test_a_connection_dropped_mid_answer_is_not_called_unreachable(ask: Ask) -> None:
+    reply, logged = await ask({"stream": True}, prepare=lambda h: h.model.drop_next(1, after_chunks=2))
+    assert "the connection to 127.0.0.1:" in logged and "failed during the request" in logged, logged
+    assert reply == "The connection to the model service broke off. Please try again in a moment."
