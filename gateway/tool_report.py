@@ -3,7 +3,8 @@ platform, webhook route and scheduled run actually gets, MCP and plugin tools in
 or why not, and where it runs.
 
 The report sets up the tool sources as the gateway does (builtin tools, plugins, the MCP servers connected
-once, the sandbox probed but never started) and tears them down again.
+once, the sandbox probed but never started) and tears them down again. Stdio MCP servers are started as the
+report's own subprocesses, not under the sandbox's launcher (whose workspace a first run has not made yet).
 """
 
 from __future__ import annotations
