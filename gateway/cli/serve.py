@@ -24,6 +24,7 @@ _BIND_ERRORS = {
     errno.EACCES: "no permission (ports below 1024 need privileges); change http.port",
     errno.EADDRNOTAVAIL: "the address is not one of this machine's; change http.host",
     socket.EAI_NONAME: "the host name does not resolve; change http.host",
+    socket.EAI_AGAIN: "the host name does not resolve (no answer from DNS); change http.host, or check DNS",
 }
 
 

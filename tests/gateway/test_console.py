@@ -203,3 +203,12 @@ def test_building_the_cli_parser_imports_no_heavy_library() -> None:
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+def test_an_http_host_that_does_not_resolve_names_http_host(tmp_path: Path) -> None:
+    result = _run_briefly(tmp_path, {"host": "nonexistent.invalid", "port": 0})
+    assert result.returncode == 1, result.stderr
+    [line] = _not_log_records(result.stderr)
+    assert line.startswith("error: cannot listen on nonexistent.invalid:0 (http.host, http.port): the host name "
+                           "does not resolve"), result.stderr
+    assert "change http.host" in line
