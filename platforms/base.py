@@ -204,8 +204,9 @@ class BasePlatformAdapter(abc.ABC):
     """One chat platform. Subclasses set the class attributes and implement connect, disconnect and send.
 
     An adapter awaits `on_message` for every incoming event and acknowledges the event to the platform
-    only after it returns. `length_fn` may be a plain function such as `utf16_len`; it is made a
-    staticmethod automatically.
+    only after it returns. `length_fn` measures a Markdown part as the platform counts it once `send`
+    has formatted it (the gateway splits before formatting); it may be a plain function such as
+    `utf16_len`, made a staticmethod automatically.
 
     Sending and receiving are separate: `connect(on_message, receive=False)` opens only what sending
     needs (every replica sends), and `start_receiving` / `stop_receiving` switch receiving on and off at
@@ -533,8 +534,10 @@ def split_message(text: str, limit: int, length: Callable[[str], int] = len) -> 
 
     Fences are Markdown fence lines (up to 3 spaces, 3+ backticks, an info string without backticks),
     toggling in and out of a block. A line that a split falls inside never counts as a fence, so a fence
-    line longer than the limit cannot be kept balanced. `length` must grow with the text (len and
-    `utf16_len` do). Raises ValueError if `limit` < MIN_SPLIT_LIMIT or no progress is possible.
+    line longer than the limit cannot be kept balanced. `length` should mostly grow with the text (len and
+    `utf16_len` always do; the length of a rendering of Markdown, an adapter's `length_fn`, nearly does):
+    a part it measures over `limit` is cut earlier. Raises ValueError if `limit` < MIN_SPLIT_LIMIT or no
+    progress is possible.
     """
     if limit < MIN_SPLIT_LIMIT:
         raise ValueError(f"message limit {limit} is below the minimum of {MIN_SPLIT_LIMIT}")
@@ -548,11 +551,16 @@ def split_message(text: str, limit: int, length: Callable[[str], int] = len) -> 
         if end == len(text):
             parts.append(prefix + text[start:])
             return parts
-        cuts = _Cuts(text, start, line_begin, state, end, _fit(text, start, prefix, _FENCE, limit, length))
-        k = cuts.choose()
-        state = cuts.state_at(k)
-        parts.append(prefix + text[start:k] + ("" if state is None else _FENCE))
-        start, line_begin = k, cuts.line_begin(k)
+        end_closed = _fit(text, start, prefix, _FENCE, limit, length)
+        while True:
+            cuts = _Cuts(text, start, line_begin, state, end, end_closed)
+            k = cuts.choose()
+            part = prefix + text[start:k] + ("" if cuts.state_at(k) is None else _FENCE)
+            if length(part) <= limit:
+                break
+            end = k - 1  # a length that can shrink as text grows (rendered Markdown): cut earlier
+        parts.append(part)
+        start, line_begin, state = k, cuts.line_begin(k), cuts.state_at(k)
 
 
 @dataclass(slots=True)

@@ -55,8 +55,8 @@ from platforms.base import (
     OnMessage,
     PlatformState,
     SendResult,
-    utf16_len,
 )
+from platforms.rich_text import discord_length, to_discord
 
 __all__ = ["DISCORD_API", "DiscordAdapter", "DiscordSettings", "DiscordStartupError", "delivery_nonce"]
 
@@ -264,7 +264,7 @@ class DiscordAdapter(BasePlatformAdapter):
     name = "discord"
     max_message_length = 2000
     can_edit = True
-    length_fn = utf16_len  # Discord's limit is 2000 characters; UTF-16 units never undercount them
+    length_fn = discord_length  # the Markdown as sent (tables as code blocks), in UTF-16 units
 
     def __init__(self, settings: DiscordSettings) -> None:
         super().__init__()
@@ -658,7 +658,7 @@ class DiscordAdapter(BasePlatformAdapter):
                                                             fail_if_not_exists=False)
         if delivery_id := (metadata or {}).get("delivery_id"):
             options["nonce"] = delivery_nonce(delivery_id)  # discord.py sends it with enforce_nonce
-        return await self._request(lambda: channel.send(content, **options), chat_id)
+        return await self._request(lambda: channel.send(to_discord(content), **options), chat_id)
 
     async def edit_message(self, chat_id: str, message_id: str, content: str,
                            metadata: Mapping[str, str] | None = None) -> SendResult:
@@ -670,7 +670,8 @@ class DiscordAdapter(BasePlatformAdapter):
         if mid is None:
             return SendResult(success=False, error=f"discord: {message_id!r} is not a message id")
         partial = channel.get_partial_message(mid)
-        return await self._request(lambda: partial.edit(content=content, allowed_mentions=self._mentions), chat_id)
+        return await self._request(lambda: partial.edit(content=to_discord(content),
+                                                        allowed_mentions=self._mentions), chat_id)
 
     async def send_typing(self, chat_id: str, metadata: Mapping[str, str] | None = None) -> None:
         """Show "typing..." for about ten seconds (POST /channels/{id}/typing); failures are only logged."""

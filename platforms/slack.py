@@ -41,6 +41,7 @@ from platforms.base import (
     OnMessage,
     SendResult,
 )
+from platforms.rich_text import mrkdwn_length, to_mrkdwn
 
 __all__ = ["MAX_PART_LENGTH", "SlackAdapter", "SlackSettings", "SlackStartupError", "to_mrkdwn"]
 
@@ -48,9 +49,9 @@ logger = logging.getLogger(__name__)
 DELIVERY_EVENT = "hermes_delivery"  # message metadata type carrying the outbox delivery id
 T = TypeVar("T")
 
-# chat.postMessage accepts 40,000 characters, but Slack recommends at most 4,000 and collapses long
-# messages behind "Show more"; 3,900 keeps each part readable with room for the mrkdwn conversion.
-MAX_PART_LENGTH = 3900
+# chat.postMessage truncates text over 40,000 characters, and Slack recommends at most 4,000 (longer
+# messages collapse behind "Show more"): parts are cut at 4,000 characters of the mrkdwn actually posted.
+MAX_PART_LENGTH = 4000
 # Threads the bot takes part in, so replies there need no mention (oldest forgotten first).
 MAX_ACTIVE_THREADS = 10_000
 _HTTP_TIMEOUT = 15.0
@@ -88,6 +89,7 @@ class SlackAdapter(BasePlatformAdapter):
 
     name = "slack"
     max_message_length = MAX_PART_LENGTH
+    length_fn = mrkdwn_length
     can_edit = True
 
     def __init__(self, settings: SlackSettings) -> None:
@@ -418,98 +420,3 @@ def _attachment(file: Mapping[str, Any]) -> Attachment:
                             else "video" if mime.startswith("video/") else "file")
     return Attachment(kind=kind, file_id=file["id"], name=file.get("name"), mime_type=mime or None,
                       size=file.get("size"), url=file.get("url_private"))
-
-
-# --------------------------------------------------------------------------- Markdown -> mrkdwn
-
-_FENCE = re.compile(r" {0,3}(`{3,})[^`]*")
-_HEADING = re.compile(r" {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*")
-_BULLET = re.compile(r"( *)[-*+][ \t]+(.*)")
-_QUOTE = re.compile(r" {0,3}> ?(.*)")
-_CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
-_LINK = re.compile(r"!?\[([^\]\n]+)\]\(\s*((?:https?://|mailto:)[^\s)]+)(?:\s+\"[^\"]*\")?\s*\)")
-_AUTOLINK = re.compile(r"<((?:https?://|mailto:)[^\s<>|]+)(?:\|([^<>\n]+))?>")
-_BOLD_ITALIC = re.compile(r"\*\*\*(?=\S)(.+?)(?<=\S)\*\*\*")
-_BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
-_ITALIC = re.compile(r"(?<![\w*\\])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])")
-_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
-_SENTINELS = re.compile("[\x00\x02]")
-_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
-_BOLD_MARK = "\x02"
-
-
-def _escape(text: str) -> str:
-    """Slack's three control characters as entities (the client shows them as typed)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def _escape_url(url: str) -> str:
-    return url.replace("&", "&amp;").replace("|", "%7C").replace("<", "%3C").replace(">", "%3E")
-
-
-def _inline(text: str, links: list[str]) -> str:
-    """One line of prose: emphasis, strike-through and links converted, everything else escaped."""
-    out: list[str] = []
-    pos = 0
-    for m in _CODE_SPAN.finditer(text):
-        out.append(_prose(text[pos:m.start()], links))
-        out.append(f"`{_escape(m.group(2))}`")
-        pos = m.end()
-    out.append(_prose(text[pos:], links))
-    return "".join(out)
-
-
-def _prose(text: str, links: list[str]) -> str:
-    def link(m: re.Match[str]) -> str:
-        links.append(f"<{_escape_url(m.group(2))}|{_escape(m.group(1))}>")
-        return f"\x00{len(links) - 1}\x00"
-
-    def autolink(m: re.Match[str]) -> str:
-        label = f"|{_escape(m.group(2))}" if m.group(2) else ""
-        links.append(f"<{_escape_url(m.group(1))}{label}>")
-        return f"\x00{len(links) - 1}\x00"
-
-    text = _escape(_AUTOLINK.sub(autolink, _LINK.sub(link, text)))
-    text = _BOLD_ITALIC.sub(lambda m: f"{_BOLD_MARK}_{m.group(1)}_{_BOLD_MARK}", text)
-    text = _BOLD.sub(lambda m: f"{_BOLD_MARK}{m.group(2)}{_BOLD_MARK}", text)
-    text = _ITALIC.sub(r"_\1_", text)
-    text = _STRIKE.sub(r"~\1~", text)
-    return text.replace(_BOLD_MARK, "*")
-
-
-def _line(line: str, links: list[str]) -> str:
-    if m := _HEADING.fullmatch(line):
-        title = _inline(m.group(1).replace("**", "").replace("__", ""), links)
-        return f"*{title}*" if title else ""
-    if m := _QUOTE.fullmatch(line):
-        return f"> {_inline(m.group(1), links)}".rstrip()
-    if m := _BULLET.fullmatch(line):
-        return f"{m.group(1)}• {_inline(m.group(2), links)}"
-    return _inline(line, links)
-
-
-def to_mrkdwn(markdown: str) -> str:
-    """Markdown as Slack mrkdwn: ``**b**`` -> ``*b*``, ``*i*`` -> ``_i_``, ``[t](u)`` -> ``<u|t>``, headings bold.
-
-    Code spans and fenced blocks are kept (fences lose their language, which Slack would show as code);
-    ``&``, ``<`` and ``>`` are escaped everywhere except in the links made here, so text from the model
-    can never form a Slack control sequence such as ``<!channel>``.
-    """
-    markdown = _SENTINELS.sub("", markdown)
-    links: list[str] = []
-    out: list[str] = []
-    fence: str | None = None  # the backticks that opened the current code block
-    for line in markdown.split("\n"):
-        m = _FENCE.fullmatch(line)
-        if fence is None and m:
-            fence = m.group(1)
-            out.append("```")
-        elif fence is not None:
-            if m and m.group(1).startswith(fence) and line.strip() == m.group(1):
-                fence = None
-                out.append("```")
-            else:
-                out.append(_escape(line))
-        else:
-            out.append(_line(line, links))
-    return _PLACEHOLDER.sub(lambda m: links[int(m.group(1))], "\n".join(out))

@@ -50,7 +50,7 @@ from platforms.base import (
     SendResult,
     utf16_len,
 )
-from platforms.telegram_format import markdown_to_html
+from platforms.rich_text import telegram_length, telegram_text, to_telegram_html
 
 __all__ = ["AttachmentTooLarge", "TelegramAdapter", "TelegramSettings"]
 
@@ -189,6 +189,8 @@ class TelegramAdapter(BasePlatformAdapter):
     def __init__(self, settings: TelegramSettings) -> None:
         super().__init__()
         self.settings = settings
+        if settings.parse_mode == "html":  # parts are measured as Telegram counts them: the rendered text
+            self.length_fn = telegram_length
         self.bot_username: str | None = None
         builder = (Application.builder().token(settings.token).base_url(settings.base_url)
                    .base_file_url(settings.base_file_url).updater(None).job_queue(None)
@@ -545,14 +547,19 @@ class TelegramAdapter(BasePlatformAdapter):
             logger.debug("telegram: sendChatAction to %s failed: %s", chat_id, exc.message)
 
     async def _formatted(self, call: Callable[..., Awaitable[Any]], content: str, kwargs: dict[str, Any]) -> Any:
-        """``call`` with the formatted text; formatting Telegram rejects is resent as the plain text."""
+        """``call`` with the formatted text; formatting Telegram rejects is resent as plain text (what the
+        formatting showed, or the Markdown itself when that is blank)."""
         mode = self.settings.parse_mode
-        text, parse_mode = {"html": (markdown_to_html(content), ParseMode.HTML),
-                            "markdown": (content, ParseMode.MARKDOWN)}.get(mode, (content, None))
+        plain = content
+        if mode == "html":
+            text, parse_mode = to_telegram_html(content), ParseMode.HTML
+            plain = shown if (shown := telegram_text(text)).strip() else content
+        else:
+            text, parse_mode = content, (ParseMode.MARKDOWN if mode == "markdown" else None)
         try:
             return await call(text=text, parse_mode=parse_mode, link_preview_options=_NO_PREVIEW, **kwargs)
         except BadRequest as exc:
             if parse_mode is None or not any(fragment in exc.message.lower() for fragment in _FORMAT_ERRORS):
                 raise
             logger.info("telegram: formatted text rejected (%s); sending it as plain text", exc.message)
-        return await call(text=content, link_preview_options=_NO_PREVIEW, **kwargs)
+        return await call(text=plain, link_preview_options=_NO_PREVIEW, **kwargs)

@@ -542,27 +542,6 @@ def test_config_requires_the_tokens_of_the_chosen_mode() -> None:
 # ------------------------------------------------------------------ mrkdwn
 
 
-@pytest.mark.parametrize(("markdown", "mrkdwn"), [
-    ("**bold**, __bold__, *italic*, _italic_, ~~gone~~", "*bold*, *bold*, _italic_, _italic_, ~gone~"),
-    ("***both***", "*_both_*"),
-    ("[the docs](https://example.com/a?b=1&c=2)", "<https://example.com/a?b=1&amp;c=2|the docs>"),
-    ("see <https://example.com> and ![chart](https://example.com/c.png)",
-     "see <https://example.com> and <https://example.com/c.png|chart>"),
-    ("[a|b > c](https://x.io/p|q)", "<https://x.io/p%7Cq|a|b &gt; c>"),
-    ("if a < b && c > d", "if a &lt; b &amp;&amp; c &gt; d"),
-    ("<!channel> <@U123> <script>", "&lt;!channel&gt; &lt;@U123&gt; &lt;script&gt;"),
-    ("`**not bold** <x>`", "`**not bold** &lt;x&gt;`"),
-    ("```python\nprint(a < b)  # **kept**\n```\n**after**", "```\nprint(a &lt; b)  # **kept**\n```\n*after*"),
-    ("# Title\n## Sub **title**", "*Title*\n*Sub title*"),
-    ("- one\n* two\n  + nested", "• one\n• two\n  • nested"),
-    ("> quoted **text**", "> quoted *text*"),
-    ("2 * 3 * 4 and snake_case_name", "2 * 3 * 4 and snake_case_name"),
-    ("plain text", "plain text"),
-])
-def test_markdown_to_mrkdwn(markdown: str, mrkdwn: str) -> None:
-    assert to_mrkdwn(markdown) == mrkdwn
-
-
 def test_long_answers_split_into_readable_parts() -> None:
     parts = SlackAdapter(SlackSettings(bot_token="xoxb-1")).split("word " * 2000)
     assert len(parts) == 3 and all(len(p) <= MAX_PART_LENGTH for p in parts)
