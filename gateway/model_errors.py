@@ -34,7 +34,7 @@ _TRANSIENT = ("I can't reach the model service{}. Please try again in a moment; 
               "an operator needs to check model.base_url.")
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and its causes (``__cause__``, else ``__context__``), outermost first."""
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -45,11 +45,11 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _find(exc: BaseException, kind: type[_E]) -> _E | None:
-    return next((e for e in _chain(exc) if isinstance(e, kind)), None)
+    return next((e for e in exception_chain(exc) if isinstance(e, kind)), None)
 
 
 def _innermost(exc: BaseException) -> str:
-    *_, last = _chain(exc)
+    *_, last = exception_chain(exc)
     text = str(last)
     return f"{type(last).__name__}: {text}" if text else type(last).__name__
 
@@ -113,7 +113,7 @@ def _connection_error(exc: openai.APIConnectionError, cfg: ModelSettings) -> Mod
                           f"{url} and that the model server runs")
     if _find(exc, httpx2.ConnectTimeout) is not None or _find(exc, httpx2.ConnectError) is not None:
         # Not one of the causes above: a connect timeout, or another OS error (no route to host, ...).
-        os_error = next((e for e in _chain(exc) if isinstance(e, OSError) and not isinstance(e, TimeoutError)
+        os_error = next((e for e in exception_chain(exc) if isinstance(e, OSError) and not isinstance(e, TimeoutError)
                          and e.errno is not None), None)
         detail = (f"cannot connect to {address} ({os_error.strerror})" if os_error is not None
                   else f"no connection to {address} within model.connect_timeout ({cfg.connect_timeout:g} s)")

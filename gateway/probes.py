@@ -14,7 +14,7 @@ import socket
 import sqlite3
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,6 +36,7 @@ from gateway.config import (
     StoreSettings,
     TelegramPlatform,
 )
+from gateway.model_errors import exception_chain
 from gateway.store import SCHEMA_VERSION
 from platforms.webhook_signatures import sign
 
@@ -74,15 +75,6 @@ def _fail(check: str, message: str, fix: str) -> CheckResult:
 # -- why a connection failed ---------------------------------------------------------------------------------
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _where(url: str) -> str:
     parts = urlsplit(url)
     return parts.netloc or url
@@ -92,7 +84,7 @@ def network_cause(exc: BaseException, url: str) -> str | None:
     """The real reason a request to ``url`` failed (connection refused, DNS, TLS), read from the exception chain:
     the SDKs' own classes hide it (openai calls a refused connection a timeout); None when it is none of those."""
     where = _where(url)
-    for cause in _chain(exc):
+    for cause in exception_chain(exc):
         if isinstance(cause, ssl.SSLCertVerificationError):
             return f"TLS certificate of {where} not trusted ({cause.verify_message})"
         if isinstance(cause, ssl.SSLError):
@@ -119,7 +111,7 @@ def _fix_for(cause: str, setting: str) -> str:
 def _unreachable(check: str, exc: BaseException, url: str, setting: str, timeout: float) -> CheckResult:
     cause = network_cause(exc, url)
     if cause is None:
-        timed_out = any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in _chain(exc))
+        timed_out = any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in exception_chain(exc))
         cause = f"no answer from {_where(url)} within {timeout:g} s" if timed_out else \
             f"cannot reach {_where(url)} ({type(exc).__name__}: {exc})"
     return _fail(check, cause, _fix_for(cause, setting))

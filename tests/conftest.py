@@ -20,6 +20,7 @@ from gateway.app import Gateway
 from gateway.config import parse_config
 from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.model_server import ScriptedModel
+from gateway.sim.telegram_api import TelegramSimulator
 from platforms.base import AdapterState, BasePlatformAdapter, MessageEvent, OnMessage, SendResult
 from platforms.webhook_signatures import sign
 
@@ -241,3 +242,18 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         await h.http.close()
         await h.sink.stop()
         await h.model.stop()
+
+
+SIM_MODEL_KEY = "model-key-0123"
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[tuple[ScriptedModel, TelegramSimulator]]:
+    """A scripted model that wants ``SIM_MODEL_KEY`` and a Telegram Bot API simulator, both started."""
+    model = ScriptedModel(api_key=SIM_MODEL_KEY)
+    await model.start()
+    telegram = TelegramSimulator()
+    await telegram.start()
+    yield model, telegram
+    await telegram.stop()
+    await model.stop()

@@ -10,20 +10,17 @@ import os
 import re
 import shlex
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from gateway.pairing import APPROVED_NOTICE
 from gateway.sim.model_server import ScriptedModel
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
+from tests.conftest import SIM_MODEL_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- quickstart:"
 _BLOCK = re.compile(r"```sh\n(.*?)```", re.S)
 _HINT = re.compile(r"approve with: (hermes-gateway .+)$", re.M)
-MODEL_KEY = "sk-quickstart-model-key"
 
 
 def quickstart_blocks(readme: str) -> list[list[str]]:
@@ -58,17 +55,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-async def sims() -> AsyncIterator[tuple[ScriptedModel, TelegramSimulator]]:
-    model = ScriptedModel(api_key=MODEL_KEY)
-    await model.start()
-    telegram = TelegramSimulator()
-    await telegram.start()
-    yield model, telegram
-    await telegram.stop()
-    await model.stop()
-
-
 def test_the_quickstart_blocks_are_the_ones_this_test_runs() -> None:
     blocks = quickstart_blocks((ROOT / "README.md").read_text())
     assert blocks == [
@@ -88,7 +74,7 @@ async def test_the_readme_quickstart_works_as_written(
     port = _free_port()
 
     # setup, answering its questions as a user would (the default port is taken on a test machine)
-    answers = [model.base_url or "", "scripted-model", MODEL_KEY,
+    answers = [model.base_url or "", "scripted-model", SIM_MODEL_KEY,
                telegram.token,  # Telegram
                "",  # no Slack
                "",  # no Discord

@@ -12,13 +12,11 @@ import socket
 import stat
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import yaml
 from aiohttp import web
 from dotenv import dotenv_values
@@ -28,6 +26,7 @@ from gateway.probes import probe_model
 from gateway.sim.model_server import ScriptedModel
 from gateway.sim.telegram_api import TelegramSimulator
 from platforms.webhook_signatures import sign
+from tests.conftest import SIM_MODEL_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRING_CODE = re.compile(r"this code: ([A-Z2-9]{4}-[A-Z2-9]{4})")
@@ -78,20 +77,9 @@ def _line(out: str, prefix: str) -> str:
     return found[0]
 
 
-@pytest.fixture
-async def sims() -> AsyncIterator[tuple[ScriptedModel, TelegramSimulator]]:
-    model = ScriptedModel(api_key="model-key-0123")
-    await model.start()
-    telegram = TelegramSimulator()
-    await telegram.start()
-    yield model, telegram
-    await telegram.stop()
-    await model.stop()
-
-
 def _setup_args(model: ScriptedModel, telegram: TelegramSimulator, port: int) -> list[str]:
     assert model.base_url is not None
-    return ["setup", "--non-interactive", "--model-base-url", model.base_url, "--model-api-key", "model-key-0123",
+    return ["setup", "--non-interactive", "--model-base-url", model.base_url, "--model-api-key", SIM_MODEL_KEY,
             "--model", "scripted-model", "--telegram-token", telegram.token, "--telegram-base-url", telegram.base_url,
             "--webhook-route", "github", "--http-port", str(port)]
 
@@ -132,7 +120,7 @@ async def test_setup_writes_a_config_that_doctor_passes_and_run_serves(
     assert stat.S_IMODE(dotenv.stat().st_mode) == 0o600
     text = config.read_text()
     secrets = dotenv_values(dotenv)
-    assert secrets["HERMES_TELEGRAM_TOKEN"] == telegram.token and secrets["HERMES_MODEL_API_KEY"] == "model-key-0123"
+    assert secrets["HERMES_TELEGRAM_TOKEN"] == telegram.token and secrets["HERMES_MODEL_API_KEY"] == SIM_MODEL_KEY
     for value in secrets.values():  # secrets only in .env, referenced as ${VAR}
         assert value is not None and value not in text
     assert "${HERMES_TELEGRAM_TOKEN}" in text and text.startswith("# hermes-gateway config")
@@ -215,7 +203,7 @@ async def test_interactive_setup_asks_and_checks_each_answer(
     assert model.base_url is not None
     answers = [model.base_url, "scripted-model", "wrong-key",  # refused: asked again
                "",  # do not keep the refused answer
-               model.base_url, "scripted-model", "model-key-0123",
+               model.base_url, "scripted-model", SIM_MODEL_KEY,
                telegram.token, "",  # telegram; no slack
                "",  # no discord
                "github, alerts", "0"]
@@ -224,7 +212,7 @@ async def test_interactive_setup_asks_and_checks_each_answer(
     assert "fail  model: the API key was rejected (401" in done.out
     assert "ok    telegram: bot @hermes_bot" in done.out
     secrets = dotenv_values(tmp_path / ".env")
-    assert secrets["HERMES_MODEL_API_KEY"] == "model-key-0123"
+    assert secrets["HERMES_MODEL_API_KEY"] == SIM_MODEL_KEY
     cfg = load_config(tmp_path / "config.yaml", {k: v for k, v in secrets.items() if v is not None})
     assert sorted(cfg.platforms.webhook.routes) == ["alerts", "github"] and cfg.http.port == 0
     assert cfg.platforms.telegram.base_url == telegram.base_url and not cfg.platforms.slack.enabled
@@ -297,7 +285,7 @@ async def test_model_probe_names_the_real_cause(sims: tuple[ScriptedModel, Teleg
     assert model.base_url is not None
 
     def settings(**changes: Any) -> Any:
-        return parse_config({"model": {"base_url": model.base_url, "api_key": "model-key-0123",
+        return parse_config({"model": {"base_url": model.base_url, "api_key": SIM_MODEL_KEY,
                                        "name": "scripted-model", **changes}}, {}).model
 
     assert (await probe_model(settings())).status == "ok"
