@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
@@ -350,3 +350,13 @@ async def test_long_answer_reaches_discord_with_tables_as_code_blocks(discord_si
     assert all(c.count("```") % 2 == 0 for c in contents)
     assert not any(line.startswith("|") for c in contents for line in c.split("\n"))  # no raw table rows
     _assert_everything_shown("\n".join(contents))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, max_size=60).map("".join))
+@example("bbbb|---|---|\n# aaaa1. aaaa1. \n___- bba\n\n1. aaaa` |---|---|\n`aaaaaaaaaaaa[x](http://y.z)1. `- "
+         "aaaa| a | b |\n")
+def test_every_part_fits_once_rendered_though_rendering_can_shrink_as_text_grows(markdown: str) -> None:
+    """``**a b**`` shows 3 characters, its prefix ``**a b`` 5: split_message re-measures the part it chose."""
+    for part in split_message(markdown, 16, telegram_length):
+        assert telegram_length(part) <= 16
