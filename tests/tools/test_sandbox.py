@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -464,6 +465,26 @@ def test_detect_names_the_missing_bubblewrap(tmp_path: Path, monkeypatch: pytest
     isolation = detect("bwrap", SandboxPolicy(tmp_path / "workspace"))
     assert isolation.level == "unavailable" and not isolation.available
     assert "bubblewrap" in isolation.reason and isolation.requested == "bwrap"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid level needs root, and says so first")
+def test_the_uid_level_refuses_only_files_other_users_can_reach() -> None:
+    """A 0644 config in a 0700 directory is not readable by the sandbox's user: no refusal for it (the probe then
+    goes on to start the interpreter as that user); in a directory others may enter it is refused, by name."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as base:  # pytest's tmp_path sits in a 0700 directory
+        root = Path(base)
+        root.chmod(0o755)
+        private, shared = root / "private", root / "shared"
+        for directory, mode in ((private, 0o700), (shared, 0o755)):
+            directory.mkdir()
+            (directory / "config.yaml").write_text("model: {}\n")
+            (directory / "config.yaml").chmod(0o644)
+            directory.chmod(mode)
+        hidden = detect("uid", SandboxPolicy(root / "workspace", sensitive=(private / "config.yaml",)))
+        assert "readable by other users" not in hidden.reason, hidden.reason
+        reachable = detect("uid", SandboxPolicy(root / "workspace", sensitive=(shared / "config.yaml",)))
+    assert reachable.level == "unavailable"
+    assert f"the gateway's files are readable by other users: chmod o-r {shared / 'config.yaml'}" in reachable.reason
 
 
 def test_detect_none_is_a_choice() -> None:

@@ -222,10 +222,19 @@ def _probe_bwrap(policy: SandboxPolicy) -> str | None:
     return None if error is None else f"bubblewrap cannot create the sandbox here ({error})"
 
 
+def _readable_by_others(path: Path) -> bool:
+    """Whether a user who is neither the owner nor in the group can read ``path``: the file readable by
+    others and every directory above it searchable by them (a 0700 home hides a 0644 file)."""
+    try:
+        return bool(path.stat().st_mode & 0o004) and all(d.stat().st_mode & 0o001 for d in path.absolute().parents)
+    except OSError:
+        return False
+
+
 def _probe_uid(policy: SandboxPolicy) -> str | None:
     if os.geteuid() != 0:
         return "a separate user needs the gateway to run as root"
-    exposed = [str(p) for p in policy.sensitive if p.exists() and p.stat().st_mode & 0o004]
+    exposed = [str(p) for p in policy.sensitive if _readable_by_others(p)]
     if exposed:
         return f"the gateway's files are readable by other users: chmod o-r {' '.join(exposed)}"
     error = _runs([sys.executable, "-I", "-c", "import tools.sandbox.worker"], user=policy.uid, group=policy.uid,
