@@ -384,20 +384,31 @@ def _reopen(lang: str, limit: int, length: Callable[[str], int]) -> str:
     return full if lang and length(full + _FENCE) <= limit // 2 else f"{_FENCE}\n"
 
 
-def _fit(text: str, start: int, prefix: str, suffix: str, limit: int, length: Callable[[str], int]) -> int:
-    """Largest k >= start with length(prefix + text[start:k] + suffix) <= limit (start if none)."""
+def _fit(text: str, start: int, prefix: str, suffix: str, limit: int, length: Callable[[str], int],
+         within: int | None = None) -> int:
+    """Largest k >= start with length(prefix + text[start:k] + suffix) <= limit (start if none); ``within``: a k
+    known to be at least the answer (the fit without a suffix), tried first, since it usually fits as well."""
 
     def fits(k: int) -> bool:
         return length(prefix + text[start:k] + suffix) <= limit
 
     n = len(text)
-    lo, step = start, limit
-    hi = min(n, start + step)
-    while fits(hi):
-        if hi == n:
-            return n
-        lo, step = hi, step * 2
+    if within is not None:  # gallop down from `within`: a suffix usually costs a few characters at most
+        if fits(within):
+            return within
+        hi, step = within, 8
+        lo = max(start, within - step)
+        while lo > start and not fits(lo):
+            hi, step = lo, step * 2
+            lo = max(start, within - step)
+    else:  # gallop up from `limit` characters
+        lo, step = start, limit
         hi = min(n, start + step)
+        while fits(hi):
+            if hi == n:
+                return n
+            lo, step = hi, step * 2
+            hi = min(n, start + step)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(mid):
@@ -551,7 +562,7 @@ def split_message(text: str, limit: int, length: Callable[[str], int] = len) -> 
         if end == len(text):
             parts.append(prefix + text[start:])
             return parts
-        end_closed = _fit(text, start, prefix, _FENCE, limit, length)
+        end_closed = _fit(text, start, prefix, _FENCE, limit, length, within=end)
         while True:
             cuts = _Cuts(text, start, line_begin, state, end, end_closed)
             k = cuts.choose()
