@@ -332,10 +332,11 @@ class CronService:
     async def run_finished(self, job: RunJob, done: RunCompletion, delivered: bool) -> None:
         """Record a cron run's outcome; pause the job (telling its owner once) after repeated failures."""
         job_id = job.event.metadata.get("job_id", "")
-        cached = self._cache.get(job_id)
-        if cached is None:
-            return
         try:
+            # A run resumed at start can finish before the scheduler has loaded its jobs: read it then.
+            cached = self._cache.get(job_id) or await self.jobs.get(job_id)
+            if cached is None:
+                return
             if done.status == "failed":
                 self.metrics.cron_failures.inc()
             if cached.state == "done":  # its last run: nothing left to record

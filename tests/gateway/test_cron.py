@@ -18,11 +18,15 @@ import sqlalchemy as sa
 import yaml
 
 from gateway.cli import main
-from gateway.cron import ON_TIME_SECONDS, plan_fire
+from gateway.config import parse_config
+from gateway.cron import ON_TIME_SECONDS, CronService, plan_fire
 from gateway.cron_store import CronStore
+from gateway.metrics import Metrics
+from gateway.runs import RunJob
 from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.model_server import ScriptedModel, rules, text, tool_call
-from gateway.store import Store, inbox_t
+from gateway.store import RunCompletion, Store, inbox_t
+from platforms.base import MessageEvent
 from tools.cronjob_tools import CronJob, Schedule, first_fire, parse_schedule, resolve_timezone
 
 GRACE = 3600.0
@@ -427,3 +431,27 @@ async def test_gateway_down_across_three_fire_times_runs_once_or_skips(restarts,
     assert await asyncio.to_thread(main, ["cron", "list", "--config", str(env.config), "--log-level", "ERROR"]) == 0
     listing = capsys.readouterr().out
     assert "misfire ran_once (3 missed)" in listing and "misfire skipped (3 missed)" in listing
+
+
+async def test_a_run_finishing_before_the_scheduler_loaded_its_job_still_removes_a_finished_one_shot(
+        tmp_path: Path) -> None:
+    """At start, unfinished runs are resumed before the scheduler loads its jobs; a resumed one-shot fire can
+    finish first. Its job (done) is read from the store then, and removed: it used to stay forever (seen as a
+    flaky `test_kill_9_during_a_fire_then_restart_delivers_exactly_once` on a loaded machine)."""
+    store = await Store.open(f"sqlite:///{tmp_path}/state.db")
+    try:
+        jobs = CronStore(store)
+        job = await jobs.create(_job("ONCE", "in 1 minutes", state="done", fires=1))
+        service = CronService(parse_config({}), store, _never_called, None, {}, Metrics())  # type: ignore[arg-type]
+        event = MessageEvent(platform="cron", event_id=f"cron:{job.id}:x", chat_id="100", chat_type="dm",
+                             user_id="1001", user_name="cron", text="ONCE", metadata={"job_id": job.id})
+        run = RunJob(inbox_id=1, run_id="r1", kind="cron", source="cron", session_key="cron:x", event=event,
+                     toolsets=[], target=None, history=False)
+        await service.run_finished(run, RunCompletion("r1", 1, "completed", result="done"), True)
+        assert await jobs.get(job.id) is None
+    finally:
+        await store.close()
+
+
+async def _never_called(_event: MessageEvent) -> Any:
+    raise AssertionError("no message is offered")

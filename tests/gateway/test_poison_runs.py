@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.sim.model_server import ScriptedModel, last_user_text, rules, tool_call
+from gateway.sim.model_server import ScriptedModel, last_user_text, rules, text, tool_call
 from gateway.sim.telegram_api import TelegramSimulator
 from gateway.store import NewRun, OutboxPart, OutboxRow, RunCompletion, Store
 from tests.conftest import GatewayFactory
@@ -136,8 +136,8 @@ async def test_runs_stopped_twice_are_failed_told_once_and_the_session_goes_on(
                                                                 "prompt": "Quietly {payload.n}"}}}}}
     run_ids: list[str] = []
     for attempt in (1, 2):
-        h = await make_gateway(overrides)
-        h.model.hang_next(10)  # every model call hangs: the runs are in flight when the gateway stops
+        # Every model call hangs from the start (runs resumed by start() included): in flight at the stop.
+        h = await make_gateway(overrides, responder=lambda _request: text("too late", latency=60))
         if attempt == 1:
             run_ids.append((await h.chat.user_says("first question")).run_id)
             status, hook = await h.post_webhook()
