@@ -50,12 +50,14 @@ _CHUNK_STREAM = openai.AsyncStream[ChatCompletionChunk]
 
 @dataclass(slots=True)
 class ModelTurn:
-    """One model answer: its text, the tool calls it asks for, total tokens (0 if unreported), and why it ended."""
+    """One model answer: its text, the tool calls it asks for, total tokens (0 if unreported), why it ended, and
+    the request's size as the server counted it (usage.prompt_tokens; None if unreported)."""
 
     content: str
     tool_calls: list[dict[str, Any]]
     tokens: int
     finish_reason: str | None
+    prompt_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -70,6 +72,8 @@ class RunOutcome:
     model_seconds: float = 0.0
     tokens: int = 0
     ended_by: str = "answer"
+    prompt_tokens: int | None = None
+    """usage.prompt_tokens of the last model answer (None if unreported)."""
 
 
 def build_client(cfg: ModelSettings, max_connections: int = _SDK_MAX_CONNECTIONS) -> openai.AsyncOpenAI:
@@ -119,12 +123,18 @@ async def load_sdk_modules() -> None:
     await anyio.sleep(0)
 
 
+def message_tokens(msg: ChatMessage) -> int:
+    """Estimated tokens of one message: characters / 4 plus a few for its framing (tiktoken would need its
+    vocabulary downloaded on first use, which an offline gateway cannot do)."""
+    return (len(msg.content or "") + (len(json.dumps(msg.tool_calls)) if msg.tool_calls else 0)) // 4 + 4
+
+
 def trim_history(history: Sequence[ChatMessage], token_budget: int) -> list[ChatMessage]:
     """Keep the most recent messages within ``token_budget`` (chars/4), never starting mid tool exchange."""
     kept: list[ChatMessage] = []
     used = 0
     for msg in reversed(history):
-        cost = (len(msg.content or "") + (len(json.dumps(msg.tool_calls)) if msg.tool_calls else 0)) // 4 + 4
+        cost = message_tokens(msg)
         if used + cost > token_budget and kept:
             break
         kept.append(msg)
@@ -160,6 +170,7 @@ class Agent:
             outcome.model_calls += 1
             outcome.model_seconds += elapsed
             outcome.tokens += turn.tokens
+            outcome.prompt_tokens = turn.prompt_tokens
             self.metrics.model_latency.observe(elapsed)
             over_budget = budget.charge_model(turn.tokens) if budget is not None else None
             if (note := CUT_OFF_NOTES.get(turn.finish_reason or "")) is not None:
@@ -199,16 +210,24 @@ class Agent:
         outcome.transcript.append(ChatMessage("assistant", text))
         return outcome
 
+    async def summarise(self, messages: list[dict[str, Any]], max_tokens: int) -> tuple[ModelTurn, float]:
+        """One model call without tools or streaming (a conversation summary); the answer and its seconds."""
+        started = time.perf_counter()
+        turn = await self._complete(messages, [], None, max_tokens)
+        elapsed = time.perf_counter() - started
+        self.metrics.model_latency.observe(elapsed)
+        return turn, elapsed
+
     async def _complete(self, convo: list[dict[str, Any]], tools: list[dict[str, Any]],
-                        on_text: OnText | None) -> ModelTurn:
-        """One model call."""
+                        on_text: OnText | None, max_tokens: int | None = None) -> ModelTurn:
+        """One model call (``max_tokens``: this call's output cap instead of ``model.max_tokens``)."""
         kwargs: dict[str, Any] = {"model": self.cfg.name, "messages": convo}
         if tools:
             kwargs["tools"] = tools
         if self.cfg.temperature is not None:
             kwargs["temperature"] = self.cfg.temperature
-        if self.cfg.max_tokens is not None:
-            kwargs["max_tokens"] = self.cfg.max_tokens
+        if (max_tokens := max_tokens or self.cfg.max_tokens) is not None:
+            kwargs["max_tokens"] = max_tokens
         try:
             # Stream only when someone shows the text as it comes: parsing SSE chunks costs about a third
             # more CPU per call than one JSON answer (bench/RESULTS.md), for nothing when nobody watches.
@@ -225,19 +244,21 @@ class Agent:
         calls = [{"id": tc.id, "type": "function",
                   "function": {"name": tc.function.name, "arguments": tc.function.arguments or "{}"}}
                  for tc in (msg.tool_calls or []) if tc.type == "function"]
-        return ModelTurn(msg.content or "", calls, response.usage.total_tokens if response.usage else 0,
-                         choice.finish_reason)
+        usage = response.usage
+        return ModelTurn(msg.content or "", calls, usage.total_tokens if usage else 0, choice.finish_reason,
+                         usage.prompt_tokens if usage else None)
 
     async def _stream(self, kwargs: dict[str, Any], on_text: OnText | None) -> ModelTurn:
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         tokens = 0
+        prompt_tokens: int | None = None
         finish_reason: str | None = None
         stream = await post_chat_completion(self.client, kwargs, stream=True)
         async with stream:
             async for chunk in stream:
                 if chunk.usage is not None:
-                    tokens = chunk.usage.total_tokens
+                    tokens, prompt_tokens = chunk.usage.total_tokens, chunk.usage.prompt_tokens
                 if not chunk.choices:
                     continue
                 finish_reason = chunk.choices[0].finish_reason or finish_reason
@@ -259,7 +280,7 @@ class Agent:
         for i, call in enumerate(ordered):
             call["id"] = call["id"] or f"call_{i}"
             call["function"]["arguments"] = call["function"]["arguments"] or "{}"
-        return ModelTurn("".join(parts), ordered, tokens, finish_reason)
+        return ModelTurn("".join(parts), ordered, tokens, finish_reason, prompt_tokens)
 
     async def _call_tool(self, tc: dict[str, Any], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
                          cancel: threading.Event | None) -> tuple[str, dict[str, Any]]:

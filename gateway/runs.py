@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import model_tools
-from gateway.agent import Agent, trim_history
+from gateway.agent import Agent, message_tokens, trim_history
 from gateway.config import Config
 from gateway.limits import RunBudget, UserBudgets
 from gateway.logs import redactor
+from gateway.memory_prompt import memory_section
 from gateway.metrics import Metrics
 from gateway.model_errors import ModelError
 from gateway.outbox import OutboxSender
+from gateway.session_summary import ContextCompressor, PreparedHistory
 from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, SessionRef, Store
 from platforms.base import BasePlatformAdapter, MessageEvent, split_message
 
@@ -182,6 +184,7 @@ class RunExecutor:
         self.search_cfg = model_tools.ToolSearchConfig(cfg.tool_search.enabled, cfg.model.context_window,
                                                        cfg.tool_search.threshold)
         self.cron_hook: CronHook | None = None  # set by the gateway when its scheduler runs
+        self.compressor = ContextCompressor(cfg.model, store, agent) if cfg.model.context_tokens else None
 
     def plan_for(self, toolsets: list[str]) -> model_tools.ToolPlan:
         """The tool plan for a run using ``toolsets``."""
@@ -238,12 +241,30 @@ class RunExecutor:
         self.metrics.runs.labels(kind, "cancelled").inc()
         return True
 
-    def _messages(self, job: RunJob, context: RunContext) -> list[dict[str, Any]]:
+    async def _messages(self, job: RunJob, context: RunContext, user_key: str,
+                        budget: RunBudget) -> tuple[list[dict[str, Any]], PreparedHistory]:
+        """The run's first request: the system prompt (with the user's memory notes; a webhook run has no chat
+        user), the session's history (compressed when it must be, the model calls that took charged to
+        ``budget``), the user's message."""
         system = self.agent.system_prompt + ("\n\n" + WEBHOOK_SYSTEM_NOTE if job.kind == "webhook" else "")
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-        messages += [m.to_openai() for m in trim_history(context.history, self.cfg.model.history_tokens)]
-        messages.append({"role": "user", "content": job.event.text})
-        return messages
+        if job.kind != "webhook":
+            notes = await memory_section(self.store, user_key, self.cfg.model.memory_prompt_chars)
+            system += "\n\n" + notes if notes else ""
+        head, user = ChatMessage("system", system), ChatMessage("user", job.event.text)
+        if self.compressor is None or context.epoch is None:
+            history = PreparedHistory([m.to_openai() for m in trim_history(context.history,
+                                                                           self.cfg.model.history_tokens)])
+        else:
+            fixed = message_tokens(head) + message_tokens(user)
+            history = await self.compressor.history(job.session_key, context.epoch, fixed)
+            if history.model_calls:
+                budget.charge_model(history.tokens)  # past its budget, the run stops after its first model call
+        return [head.to_openai(), *history.messages, user.to_openai()], history
+
+    async def _record_usage(self, job: RunJob, context: RunContext, prompt_tokens: int | None) -> None:
+        """Keep the size the model server reported for the session's last request (compression decides on it)."""
+        if self.compressor is not None and context.epoch is not None and prompt_tokens:
+            await self.compressor.record_usage(job.session_key, context.epoch, prompt_tokens)
 
     async def _typing(self, adapter: BasePlatformAdapter, target: Target) -> None:
         """The typing indicator, once the run has taken ``gateway.typing_delay`` and then every few seconds (a quick
@@ -258,8 +279,10 @@ class RunExecutor:
     async def _execute(self, job: RunJob) -> None:
         e = job.event
         session = SessionRef(job.session_key, e.platform, e.chat_id, e.user_id, e.thread_id) if job.history else None
+        # With compression on, the history is read after the session's summary (ContextCompressor), not here.
+        history_limit = self.cfg.model.history_messages if self.compressor is None else 0
         context = (RunContext(None, []) if job.slots is not None
-                   else await self.store.start_run(job.run_id, job.inbox_id, session, self.cfg.model.history_messages))
+                   else await self.store.start_run(job.run_id, job.inbox_id, session, history_limit))
         if context is None:
             logger.info("run %s already finished; not running it again", job.run_id)
             return
@@ -275,7 +298,6 @@ class RunExecutor:
         done = RunCompletion(job.run_id, job.inbox_id, status="completed", session_key=job.session_key,
                              epoch=context.epoch)
         try:
-            messages = self._messages(job, context)
             plan = self.plan_for(job.toolsets)
             # A cron event's user_id is its owner's user key, so scheduled runs see the owner's memory.
             tool_ctx = {"session_key": job.session_key,
@@ -290,13 +312,15 @@ class RunExecutor:
             try:
                 if refusal is not None:
                     raise ModelError(refusal, "user budget exceeded")
+                messages, history = await self._messages(job, context, tool_ctx["user_key"], budget)
                 outcome = await self.agent.run(messages, plan, tool_ctx, on_text=preview.update if preview else None,
                                                cancel=cancel, budget=budget)
+                await self._record_usage(job, context, outcome.prompt_tokens)
                 # The answer is delivered and the transcript stored (and shown to the model again): neither may
                 # carry a secret the model (or the user) echoed, plain or encoded.
                 done.result = redactor(outcome.text or "(the model returned an empty answer)")
-                done.tool_calls, done.model_calls = outcome.tool_calls, outcome.model_calls
-                done.model_seconds, done.ended_by = outcome.model_seconds, outcome.ended_by
+                done.tool_calls, done.model_calls = outcome.tool_calls, outcome.model_calls + history.model_calls
+                done.model_seconds, done.ended_by = outcome.model_seconds + history.model_seconds, outcome.ended_by
                 done.transcript = [ChatMessage("user", e.text), *outcome.transcript]
                 for message in done.transcript:
                     if message.content:

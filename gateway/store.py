@@ -24,7 +24,7 @@ from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = sa.MetaData()
 
@@ -137,6 +137,18 @@ todos_t = sa.Table(
     "todos", metadata,
     sa.Column("session_key", sa.String(255), primary_key=True),
     sa.Column("items", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+# A session's conversation folded into a summary (gateway/session_summary.py): what the model wrote for its
+# messages up to through_id, and the prompt size the model server last reported for the session.
+session_summaries_t = sa.Table(
+    "session_summaries", metadata,
+    sa.Column("session_key", sa.String(255), primary_key=True),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    sa.Column("summary", sa.Text),
+    sa.Column("through_id", sa.Integer, nullable=False, default=0),
+    sa.Column("prompt_tokens", sa.Integer),
     sa.Column("updated_at", sa.Float, nullable=False),
 )
 
@@ -428,7 +440,12 @@ def _v3_runs_ended_by(conn: Connection) -> None:
     conn.exec_driver_sql("ALTER TABLE runs ADD COLUMN ended_by VARCHAR(32)")
 
 
-_MIGRATIONS = {2: _v2_outbox_claims, 3: _v3_runs_ended_by}
+def _v4_session_summaries(conn: Connection) -> None:
+    """session_summaries: a session's compressed earlier conversation and its last reported prompt size."""
+    session_summaries_t.create(conn, checkfirst=True)
+
+
+_MIGRATIONS = {2: _v2_outbox_claims, 3: _v3_runs_ended_by, 4: _v4_session_summaries}
 
 
 def _migrate(conn: Connection) -> None:

@@ -56,6 +56,13 @@ class ModelSettings(_Section):
     context_window: int = Field(128000, ge=1)
     history_messages: int = Field(50, ge=0)
     history_tokens: int = Field(16000, ge=0)
+    # The run's user's memory notes in its system prompt (newest first), at most this many characters; 0: none.
+    memory_prompt_chars: int = Field(2000, ge=0)
+    # Tokens a request's history may use; set, older turns are summarised (compressed) past compress_at of it,
+    # the last keep_recent_turns messages kept verbatim. None: trim to history_messages / history_tokens.
+    context_tokens: int | None = Field(None, ge=256)
+    compress_at: float = Field(0.75, gt=0, lt=1)
+    keep_recent_turns: int = Field(6, ge=1)
 
     @field_validator("system_prompt_file")
     @classmethod

@@ -289,7 +289,7 @@ async def test_a_version_2_database_gets_the_runs_ended_by_column(store_url: str
         run = await upgraded.get_run(run_id)
         assert (run.status, run.ended_by, run.to_dict()["ended_by"]) == ("completed", "length", "length")
         version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
-        assert version == str(SCHEMA_VERSION) == "3"
+        assert version == str(SCHEMA_VERSION) == "4"
     finally:
         await upgraded.close()
 
