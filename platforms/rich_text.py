@@ -38,7 +38,7 @@ _TG_TAGS = {"strong": "b", "em": "i", "s": "s", "spoiler": "tg-spoiler"}
 _SLACK_MARKS = {"strong": "*", "em": "_", "s": "~", "spoiler": "||"}
 _FENCE_END = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*")
 _TAG = re.compile(r"<[^>]*>")
-_ROW = re.compile(r" {0,3}\|.*\|[ \t]*")
+_ROW = re.compile(r" {0,3}\|(?!\|).*\|[ \t]*")  # not "||": a spoiler opening a message is no table row
 _DELIMITER_ROW = re.compile(r" {0,3}\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*")
 _PIPE = re.compile(r"(?<!\\)\|")
 # A quote longer than this shows collapsed on Telegram (<blockquote expandable>).
@@ -53,6 +53,9 @@ def _spoiler(state: StateInline, silent: bool) -> bool:
         return False
     end = src.find("||", start + 2)
     if end < 0 or end == start + 2 or src[start + 2].isspace() or src[end - 1].isspace():
+        return False
+    inner = src[start + 2:end]
+    if inner.count("[") != inner.count("]"):  # "||[||](url)": the "||" closes inside a link's text; links first
         return False
     if not silent:
         old_max = state.posMax

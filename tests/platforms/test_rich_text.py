@@ -137,6 +137,8 @@ def test_sample_on_discord_is_the_markdown_with_the_table_as_a_code_block() -> N
     ("**unclosed bold and *unclosed italic", "**unclosed bold and *unclosed italic"),
     (r"\*literal\* and \_too\_", "*literal* and _too_"),
     ("a ||secret **plan**|| b, not || this ||", "a <tg-spoiler>secret <b>plan</b></tg-spoiler> b, not || this ||"),
+    ("||opening spoiler|| then text", "<tg-spoiler>opening spoiler</tg-spoiler> then text"),  # not a table row
+    ("||[||](http://x.y)", '||<a href="http://x.y">||</a>'),  # a "||" inside a link's text: the link wins
     ("> > nested\n> quote", "<blockquote>nested\nquote</blockquote>"),
     ("***", "———"),
     ("<b>raw html</b>", "&lt;b&gt;raw html&lt;/b&gt;"),
