@@ -25,6 +25,7 @@ from gateway.config import load_config, parse_config
 from gateway.probes import probe_model
 from gateway.sim.model_server import ScriptedModel
 from gateway.sim.telegram_api import TelegramSimulator
+from gateway.store import SCHEMA_VERSION
 from platforms.webhook_signatures import sign
 from tests.conftest import SIM_MODEL_KEY
 
@@ -173,7 +174,7 @@ async def test_setup_writes_a_config_that_doctor_passes_and_run_serves(
         assert again.code == 0, again.out
         by_check = {r["check"]: r for r in json.loads(again.out)}
         assert by_check["http port"]["message"] == f"127.0.0.1:{port} is held by a running gateway (/healthz ok)"
-        assert by_check["store"]["message"] == "schema v3, writable"
+        assert by_check["store"]["message"] == f"schema v{SCHEMA_VERSION}, writable"
     finally:
         await gateway.stop()
 
