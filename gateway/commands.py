@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.config import Config
+from gateway.tool_progress import MODES, chat_modes, mode_for
 from platforms.base import MessageEvent
 from tools.cronjob_tools import CronJob
 
@@ -59,6 +61,7 @@ class McpControl(Protocol):
 class CommandHost(Protocol):
     """What commands may ask of the gateway."""
 
+    cfg: Config
     cron: CronControl | None
     mcp: McpControl | None
 
@@ -169,6 +172,25 @@ async def _cron(ctx: CommandContext) -> str:
     return missing if job is None else f"{action.capitalize()}d: {job.summary()}"
 
 
+_MODE_HELP = {
+    "off": "no tool progress",
+    "new": "a line when the assistant starts using another tool",
+    "all": "a line for every tool call",
+    "verbose": "every tool call with its full arguments",
+}
+
+
+async def _verbose(ctx: CommandContext) -> str:
+    e = ctx.event
+    wanted = ctx.args.strip().lower()
+    if wanted and wanted not in MODES:
+        return "Usage: /verbose [" + "|".join(MODES) + "] (without a mode: the next one)"
+    current = mode_for(ctx.host.cfg, e.platform, e.chat_id)
+    mode = MODES[MODES.index(wanted) if wanted else (MODES.index(current) + 1) % len(MODES)]
+    chat_modes.set(e.platform, e.chat_id, mode)
+    return f"Tool progress here: {mode} ({_MODE_HELP[mode]})."
+
+
 async def _reload_mcp(ctx: CommandContext) -> str:
     if not ctx.host.is_admin(ctx.event.platform, ctx.event.user_id):
         return "Only gateway admins can reload MCP servers."
@@ -184,6 +206,7 @@ COMMANDS: dict[str, tuple[str, Handler]] = {
     "model": ("show the model", _model),
     "tools": ("list the tools available here", _tools),
     "whoami": ("your ids as the gateway sees them", _whoami),
+    "verbose": ("tool progress in this chat: off, new, all or verbose (without a mode: the next one)", _verbose),
     "cron": ("your scheduled jobs (/cron list|pause|resume|remove|run ID)", _cron),
     "pair": ("admins: approve a pairing code (/pair approve CODE)", _pair),
     "reload-mcp": ("admins: reconnect the MCP servers and re-list their tools", _reload_mcp),

@@ -28,6 +28,7 @@ from gateway.model_errors import ModelError
 from gateway.outbox import OutboxSender
 from gateway.session_summary import ContextCompressor, PreparedHistory
 from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, SessionRef, Store
+from gateway.tool_progress import start_progress, stop_progress
 from platforms.base import BasePlatformAdapter, MessageEvent, split_message
 
 logger = logging.getLogger(__name__)
@@ -293,6 +294,8 @@ class RunExecutor:
         preview = None
         if (adapter is not None and job.kind == "chat" and adapter.can_edit and self.cfg.model.stream):
             preview = _StreamPreview(adapter, job.target, self.cfg.gateway.stream_edit_interval)
+        progress = (start_progress(self.cfg, job.run_id, adapter, job.target)
+                    if adapter is not None and job.kind == "chat" else None)
         typing = (asyncio.create_task(self._typing(adapter, job.target))
                   if adapter is not None and job.kind == "chat" else None)
         done = RunCompletion(job.run_id, job.inbox_id, status="completed", session_key=job.session_key,
@@ -347,6 +350,8 @@ class RunExecutor:
                 typing.cancel()
             if preview is not None:
                 await preview.close()
+            if progress is not None:
+                await stop_progress(job.run_id, progress)
             self.metrics.runs_in_flight.labels(job.kind).dec()
             self._cancel.pop(job.run_id, None)
         self._stop_requested.discard(job.run_id)

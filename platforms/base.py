@@ -218,6 +218,7 @@ class BasePlatformAdapter(abc.ABC):
     name: ClassVar[str]
     max_message_length: ClassVar[int]
     can_edit: ClassVar[bool] = False
+    can_delete: ClassVar[bool] = False
     length_fn: ClassVar[Callable[[str], int]] = len
     ordered_per_chat: ClassVar[bool] = True
     """Whether parts to one chat id must arrive in order (False: only one run's parts, e.g. HTTP callbacks)."""
@@ -306,6 +307,11 @@ class BasePlatformAdapter(abc.ABC):
     ) -> SendResult:
         """Replace a sent message's text; unsupported unless the platform overrides it."""
         return SendResult(success=False, error=f"{self.name} does not support editing messages")
+
+    async def delete_message(self, chat_id: str, message_id: str,
+                             metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Delete a message the bot sent; unsupported unless the platform overrides it (and sets `can_delete`)."""
+        return SendResult(success=False, error=f"{self.name} does not support deleting messages")
 
     async def send_typing(self, chat_id: str, metadata: Mapping[str, str] | None = None) -> None:
         """Show a typing indicator where the platform has one (default: nothing to do)."""

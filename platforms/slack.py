@@ -91,6 +91,7 @@ class SlackAdapter(BasePlatformAdapter):
     max_message_length = MAX_PART_LENGTH
     length_fn = mrkdwn_length
     can_edit = True
+    can_delete = True
 
     def __init__(self, settings: SlackSettings) -> None:
         super().__init__()
@@ -370,6 +371,11 @@ class SlackAdapter(BasePlatformAdapter):
         """chat.update of a message the bot posted (``message_id`` is its ``ts``)."""
         return await self._call(chat_id, lambda c: c.chat_update(channel=chat_id, ts=message_id,
                                                                  text=to_mrkdwn(content)))
+
+    async def delete_message(self, chat_id: str, message_id: str,
+                             metadata: Mapping[str, str] | None = None) -> SendResult:
+        """chat.delete of a message the bot posted (``message_id`` is its ``ts``)."""
+        return await self._call(chat_id, lambda c: c.chat_delete(channel=chat_id, ts=message_id))
 
     async def _call(self, chat_id: str, request: Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]]
                     ) -> SendResult:

@@ -185,6 +185,7 @@ class TelegramAdapter(BasePlatformAdapter):
     max_message_length = 4096
     length_fn = utf16_len
     can_edit = True
+    can_delete = True
 
     def __init__(self, settings: TelegramSettings) -> None:
         super().__init__()
@@ -536,6 +537,16 @@ class TelegramAdapter(BasePlatformAdapter):
             if isinstance(exc, BadRequest) and _NOT_MODIFIED in exc.message.lower():
                 return SendResult(True, message_id=message_id)
             logger.info("telegram: editMessageText in %s failed: %s", chat_id, exc.message)
+            return _send_failure(exc)
+        return SendResult(True, message_id=message_id)
+
+    async def delete_message(self, chat_id: str, message_id: str,
+                             metadata: Mapping[str, str] | None = None) -> SendResult:
+        """deleteMessage of a message the bot sent."""
+        try:
+            await self._app.bot.delete_message(chat_id=_chat_ref(chat_id), message_id=int(message_id))
+        except TelegramError as exc:
+            logger.info("telegram: deleteMessage in %s failed: %s", chat_id, exc.message)
             return _send_failure(exc)
         return SendResult(True, message_id=message_id)
 

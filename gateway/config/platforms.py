@@ -160,6 +160,23 @@ class CallbackPlatform(_Section):
     targets: dict[str, CallbackTarget] = Field(default_factory=dict)
 
 
+ToolProgressMode = Literal["off", "new", "all", "verbose"]
+ToolProgressDone = Literal["collapse", "delete", "keep"]
+
+
+class ChatPlatform(_Section):
+    """What every chat platform shares: how a run's tool calls are shown while it works (gateway/tool_progress.py).
+
+    ``tool_progress``: off, new (a line only when the tool differs from the previous one), all, or verbose (full
+    arguments, still cut and redacted); ``tool_progress_delay``: seconds a run uses tools before the status message
+    appears (a quick answer needs none); ``tool_progress_done``: what the status message becomes at the end.
+    """
+
+    tool_progress: ToolProgressMode = "all"
+    tool_progress_delay: float = Field(5.0, ge=0)
+    tool_progress_done: ToolProgressDone = "collapse"
+
+
 class TelegramRateLimit(_Section):
     """PTB's AIORateLimiter throttles; 0 switches a level off (flood-control 429s go to the outbox)."""
 
@@ -173,7 +190,7 @@ def _check_telegram_path(value: str) -> str:
     return value
 
 
-class TelegramPlatform(_Section):
+class TelegramPlatform(ChatPlatform):
     """A Telegram bot through the Bot API, by long polling or a webhook on the gateway's HTTP server."""
 
     enabled: bool = False
@@ -254,7 +271,7 @@ def _check_slack_command(value: str) -> str:
 _SlackSecret = Annotated[SecretStr | None, BeforeValidator(_empty_to_none)]
 
 
-class SlackPlatform(_Section):
+class SlackPlatform(ChatPlatform):
     """A Slack app through slack-bolt: Socket Mode, or the HTTP Events API on the gateway's HTTP server."""
 
     enabled: bool = False
@@ -337,7 +354,7 @@ def _discord_shards(run_on: str) -> list[int] | None:
     return [int(i) for i in run_on.removeprefix("shard:").split(",")] if run_on.startswith("shard:") else None
 
 
-class DiscordPlatform(_Section):
+class DiscordPlatform(ChatPlatform):
     """A Discord bot through discord.py: the gateway websocket for events, REST for sends."""
 
     model_config = ConfigDict(coerce_numbers_to_str=True)  # ids are usually written unquoted

@@ -312,11 +312,13 @@ class SlackSimulator:
             "apps.connections.open": self._connections_open,
             "chat.postMessage": self._post_message,
             "chat.update": self._update_message,
+            "chat.delete": self._delete_message,
             "conversations.history": self._history,
             "conversations.replies": self._replies,
         }
         self._calls: list[ApiCall] = []
         self._messages: dict[tuple[str, str], Message] = {}
+        self._deleted: list[Message] = []
         self._deliveries: list[Delivery] = []
         self._sockets: list[SocketConnection] = []
         self._tickets: set[str] = set()
@@ -395,6 +397,11 @@ class SlackSimulator:
         return [m for m in self._messages.values()
                 if (channel is None or m.channel == channel) and (thread_ts is None or m.thread_ts == thread_ts)
                 and (bot is None or (m.user == self.bot_user_id) == bot)]
+
+    @property
+    def deleted(self) -> list[Message]:
+        """The bot's messages removed by ``chat.delete``, in order."""
+        return list(self._deleted)
 
     @property
     def deliveries(self) -> list[Delivery]:
@@ -847,6 +854,18 @@ class SlackSimulator:
                 "channel_type": _channel_type(channel), "ts": self._next_ts(), "message": current,
                 "previous_message": previous}))
         return {"channel": channel, "ts": ts, "text": text or "", "message": current}
+
+    def _delete_message(self, call: ApiCall) -> JSON:
+        p = call.params
+        channel, ts = str(p.get("channel") or ""), str(p.get("ts") or "")
+        message = self._messages.get((channel, ts))
+        if message is None:
+            raise _ApiError("message_not_found")
+        if message.user != self.bot_user_id:
+            raise _ApiError("cant_delete_message")
+        del self._messages[(channel, ts)]
+        self._deleted.append(message)
+        return {"channel": channel, "ts": ts}
 
     def _listed(self, messages: list[Message], call: ApiCall) -> list[JSON]:
         with_metadata = _flag(call.params.get("include_all_metadata"))
