@@ -76,6 +76,19 @@ async def test_telegram_status_message_shows_each_call_then_collapses(
     assert edits[-1].t < answer.t  # collapsed before the answer went out
 
 
+async def test_flood_control_on_an_edit_is_waited_out(telegram: tuple[TelegramSimulator, StartTelegram]) -> None:
+    sim, start = telegram
+    await start(*TWO_TOOLS[:2], text("All done.", latency=1.5))
+    sim.fail_next("editMessageText", retry_after=1)
+    sim.user_sends("what is left to do?")
+    await _answered(sim)
+    refused, shown, collapsed = sim.calls_of("editMessageText")
+    assert [c.outcome for c in (refused, shown, collapsed)] == ["error", "ok", "ok"]
+    assert shown.params["text"] == refused.params["text"]  # the two lines, again once Telegram allows it
+    assert shown.t - refused.t >= 1.0
+    assert collapsed.params["text"] == "🔧 2 tools: todo, search_files"
+
+
 async def test_telegram_off_sends_no_status_message(telegram: tuple[TelegramSimulator, StartTelegram]) -> None:
     sim, start = telegram
     await start(*TWO_TOOLS, tool_progress="off")
