@@ -188,7 +188,9 @@ async def _probe(world: World, **sections: Any) -> ProbeRun:
     world.model.responder = rules((r"probe", tool_calls(probes)))
     gateway = await world.start(**sections)
     assert gateway.store is not None
-    await ToolStateStore(gateway.store).add_note(f"telegram:{ALICE}", MEMORY_NOTE)  # what the memory tool keeps
+    # What the memory tool keeps, for another user: Alice's own notes are in her runs' system prompt by design;
+    # another user's are in the same database file, which no tool may read.
+    await ToolStateStore(gateway.store).add_note("telegram:424242", MEMORY_NOTE)
     assert CONFIG_SECRETS["http.api_token"] in world.config_path.read_text()  # the secrets are really there
 
     world.sim.user_sends("probe the machine")
