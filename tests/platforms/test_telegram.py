@@ -265,7 +265,8 @@ async def test_forum_topics_keep_separate_sessions(world: World) -> None:
 
     history = json.dumps(world.model.requests[-1]["messages"])
     assert "remember apples" in history and "pears" not in history
-    assert [s.message_thread_id for s in sent] == [7, 9, 7]
+    # The two topics' first runs go on at once: their answers may come in either order.
+    assert sorted(s.message_thread_id for s in sent[:2]) == [7, 9] and sent[2].message_thread_id == 7
     assert {c.params.get("message_thread_id") for c in world.sim.chat_actions(DEFAULT_SUPERGROUP_ID)} <= {7, 9}
 
 
