@@ -832,14 +832,19 @@ class SlackSimulator:
             self._spawn(self.deliver_event(echo))
         return {"channel": channel, "ts": message.ts, "message": self._bot_message_json(message)}
 
-    def _update_message(self, call: ApiCall) -> JSON:
-        p = call.params
-        channel, ts = str(p.get("channel") or ""), str(p.get("ts") or "")
+    def _own_message(self, call: ApiCall, refusal: str) -> tuple[str, str, Message]:
+        """The channel, ts and message a call names, which must be the bot's own (else ``refusal``)."""
+        channel, ts = str(call.params.get("channel") or ""), str(call.params.get("ts") or "")
         message = self._messages.get((channel, ts))
         if message is None:
             raise _ApiError("message_not_found")
         if message.user != self.bot_user_id:
-            raise _ApiError("cant_update_message")
+            raise _ApiError(refusal)
+        return channel, ts, message
+
+    def _update_message(self, call: ApiCall) -> JSON:
+        p = call.params
+        channel, ts, message = self._own_message(call, "cant_update_message")
         text = p.get("text")
         if not text and not p.get("blocks"):
             raise _ApiError("no_text")
@@ -856,13 +861,7 @@ class SlackSimulator:
         return {"channel": channel, "ts": ts, "text": text or "", "message": current}
 
     def _delete_message(self, call: ApiCall) -> JSON:
-        p = call.params
-        channel, ts = str(p.get("channel") or ""), str(p.get("ts") or "")
-        message = self._messages.get((channel, ts))
-        if message is None:
-            raise _ApiError("message_not_found")
-        if message.user != self.bot_user_id:
-            raise _ApiError("cant_delete_message")
+        channel, ts, message = self._own_message(call, "cant_delete_message")
         del self._messages[(channel, ts)]
         self._deleted.append(message)
         return {"channel": channel, "ts": ts}
