@@ -3,9 +3,7 @@ it kills. The store is SQLite; every clock is explicit."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,13 +13,6 @@ from gateway.store import Store
 from tools.cronjob_tools import CronJob, parse_schedule, resolve_timezone
 
 NOW = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(f"sqlite:///{tmp_path}/state.db")
-    yield s
-    await s.close()
 
 
 @pytest.fixture

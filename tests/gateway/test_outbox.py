@@ -9,7 +9,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -106,14 +105,6 @@ class _Platform(BasePlatformAdapter):
                 self._changed.clear()
                 await self._changed.wait()
         await asyncio.wait_for(_wait(), timeout)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    """A store on a fresh SQLite file."""
-    s = await Store.open(f"sqlite:///{tmp_path}/state.db")
-    yield s
-    await s.close()
 
 
 @asynccontextmanager

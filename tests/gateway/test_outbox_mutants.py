@@ -4,11 +4,8 @@ The sender runs against a real SQLite store and a recording platform double."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import pytest
 
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
@@ -60,13 +57,6 @@ class _Platform(BasePlatformAdapter):
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(f"sqlite:///{tmp_path}/state.db")
-    yield s
-    await s.close()
 
 
 async def _deliver(store: Store, platform: _Platform, parts: list[OutboxPart],

@@ -3,9 +3,6 @@ kills. The store is SQLite; every clock is explicit."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 from gateway.pairing import (
@@ -18,13 +15,6 @@ from gateway.pairing import (
 from gateway.store import Store
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(f"sqlite:///{tmp_path}/state.db")
-    yield s
-    await s.close()
 
 
 @pytest.fixture
