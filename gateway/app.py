@@ -22,8 +22,9 @@ from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.router import Router
 from gateway.runs import RunExecutor
+from gateway.state_stores import PlatformStateStore
 from gateway.status import gateway_summary
-from gateway.store import PlatformStateStore, Store
+from gateway.store import Store
 from gateway.tool_sandbox import start_sandbox, stop_sandbox, tool_settings
 from gateway.tool_state import install_tool_backends, uninstall_tool_backends
 from gateway.watchdog import LoopWatchdog

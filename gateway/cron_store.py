@@ -16,7 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from gateway.store import Store, inbox_t, metadata
+from gateway.schema import inbox_t, metadata
+from gateway.store import Store
 from tools.cronjob_tools import CronJob, Schedule, first_fire, resolve_timezone
 
 cron_jobs_t = sa.Table(

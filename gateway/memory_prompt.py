@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gateway.store import Store, memory_t
+from gateway.schema import memory_t
+from gateway.store import Store
 
 _OPEN, _CLOSE = "<memory_notes>", "</memory_notes>"
 MEMORY_HEADER = (

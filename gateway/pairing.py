@@ -18,7 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gateway.config import cli_command
-from gateway.store import OutboxPart, OutboxRow, Store, insert_ignoring_conflicts, metadata
+from gateway.schema import insert_ignoring_conflicts, metadata
+from gateway.store import OutboxPart, OutboxRow, Store
 
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
 CODE_LENGTH = 8

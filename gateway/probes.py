@@ -37,7 +37,7 @@ from gateway.config import (
     TelegramPlatform,
 )
 from gateway.model_errors import exception_chain
-from gateway.store import SCHEMA_VERSION
+from gateway.schema import SCHEMA_VERSION
 from platforms.webhook_signatures import sign
 
 Status = Literal["ok", "warn", "fail"]

@@ -29,6 +29,7 @@ from gateway.outbox import OutboxSender
 from gateway.pairing import PairingStore, approve_command, format_code, notify_approved
 from gateway.runs import RunExecutor, RunJob, Target
 from gateway.session import SessionLanes, session_key
+from gateway.session_settings import SettingsStore
 from gateway.store import InboxRow, NewRun, OutboxPart, Store
 from platforms.base import Accepted, BasePlatformAdapter, GatewayClosing, MessageEvent, SessionSource, split_message
 from toolsets import toolset_for_platform
@@ -78,6 +79,7 @@ class Router:
         self._driving: set[str] = set()  # sessions this replica is running from the inbox (shared database)
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self.settings = SettingsStore(store)
         self.pairing = PairingStore(store, cfg.auth.pairing_code_ttl_seconds, cfg.auth.max_pending_codes)
         self.auth = Authorizer(cfg.auth, self.pairing)
         self.limiter = InboundLimiter(cfg.limits)

@@ -26,6 +26,7 @@ from gateway.memory_prompt import memory_section
 from gateway.metrics import Metrics
 from gateway.model_errors import ModelError
 from gateway.outbox import OutboxSender
+from gateway.session_settings import SettingsStore
 from gateway.session_summary import ContextCompressor, PreparedHistory
 from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, SessionRef, Store
 from gateway.tool_progress import start_progress, stop_progress
@@ -185,6 +186,7 @@ class RunExecutor:
         self.search_cfg = model_tools.ToolSearchConfig(cfg.tool_search.enabled, cfg.model.context_window,
                                                        cfg.tool_search.threshold)
         self.cron_hook: CronHook | None = None  # set by the gateway when its scheduler runs
+        self.settings = SettingsStore(store)
         self.compressor = ContextCompressor(cfg.model, store, agent) if cfg.model.context_tokens else None
 
     def plan_for(self, toolsets: list[str]) -> model_tools.ToolPlan:

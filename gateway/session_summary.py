@@ -21,7 +21,8 @@ from sqlalchemy.engine import Connection
 
 from gateway.agent import Agent, message_tokens, trim_history
 from gateway.config import ModelSettings
-from gateway.store import ChatMessage, Store, insert_ignoring_conflicts, messages_t, session_summaries_t
+from gateway.schema import insert_ignoring_conflicts, messages_t, session_summaries_t
+from gateway.store import ChatMessage, Store
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gateway.cron_store import cron_jobs_t
-from gateway.store import Store, outbox_t, runs_t
+from gateway.schema import outbox_t, runs_t
+from gateway.store import Store
 from tools.sandbox import Isolation
 
 

@@ -8,7 +8,6 @@ unix seconds. Every method that changes state commits before it returns.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -17,154 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from gateway.db import Database
+from gateway.schema import (
+    inbox_t,
+    insert_ignoring_conflicts,
+    messages_t,
+    migrate,
+    outbox_t,
+    runs_t,
+    sessions_t,
+)
 
 logger = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 4
-
-metadata = sa.MetaData()
-
-sessions_t = sa.Table(
-    "sessions", metadata,
-    sa.Column("key", sa.String(255), primary_key=True),
-    sa.Column("platform", sa.String(32), nullable=False),
-    sa.Column("chat_id", sa.String(255), nullable=False),
-    sa.Column("user_id", sa.String(255)),
-    sa.Column("thread_id", sa.String(255)),
-    sa.Column("epoch", sa.Integer, nullable=False, default=0),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-)
-
-messages_t = sa.Table(
-    "messages", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("session_key", sa.String(255), nullable=False),
-    sa.Column("epoch", sa.Integer, nullable=False),
-    sa.Column("role", sa.String(16), nullable=False),
-    sa.Column("content", sa.Text),
-    sa.Column("tool_calls", sa.Text),
-    sa.Column("tool_call_id", sa.String(128)),
-    sa.Column("run_id", sa.String(64)),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Index("ix_messages_session", "session_key", "epoch", "id"),
-)
-
-inbox_t = sa.Table(
-    "inbox", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("dedupe_key", sa.String(512), nullable=False, unique=True),
-    sa.Column("platform", sa.String(32), nullable=False),
-    sa.Column("kind", sa.String(16), nullable=False),
-    sa.Column("session_key", sa.String(255), nullable=False),
-    sa.Column("payload", sa.Text, nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("run_id", sa.String(64)),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-    sa.Index("ix_inbox_status", "status", "id"),
-    sa.Index("ix_inbox_session", "session_key", "status", "id"),
-)
-
-runs_t = sa.Table(
-    "runs", metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("kind", sa.String(16), nullable=False),
-    sa.Column("source", sa.String(255), nullable=False),
-    sa.Column("session_key", sa.String(255), nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("toolsets", sa.Text, nullable=False),
-    sa.Column("prompt", sa.Text, nullable=False),
-    sa.Column("deliver_to", sa.String(512)),
-    sa.Column("result", sa.Text),
-    sa.Column("error", sa.Text),
-    sa.Column("tool_calls", sa.Text),
-    sa.Column("model_calls", sa.Integer, nullable=False, default=0),
-    sa.Column("attempts", sa.Integer, nullable=False, default=0),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("started_at", sa.Float),
-    sa.Column("finished_at", sa.Float),
-    sa.Column("model_seconds", sa.Float),
-    # How a completed run's answer ended (agent.RunOutcome.ended_by): "answer", or why it stopped short.
-    sa.Column("ended_by", sa.String(32)),
-)
-
-outbox_t = sa.Table(
-    "outbox", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("dedupe_key", sa.String(512), nullable=False, unique=True),
-    sa.Column("run_id", sa.String(64)),
-    sa.Column("platform", sa.String(32), nullable=False),
-    sa.Column("chat_id", sa.String(512), nullable=False),
-    sa.Column("thread_id", sa.String(255)),
-    sa.Column("reply_to", sa.String(255)),
-    sa.Column("edit_message_id", sa.String(255)),
-    sa.Column("part_index", sa.Integer, nullable=False, default=0),
-    sa.Column("parts_total", sa.Integer, nullable=False, default=1),
-    sa.Column("text", sa.Text, nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("attempts", sa.Integer, nullable=False, default=0),
-    sa.Column("next_attempt_at", sa.Float, nullable=False),
-    sa.Column("platform_message_id", sa.String(255)),
-    sa.Column("last_error", sa.Text),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("sent_at", sa.Float),
-    # Parts of one lane go out in order: a chat (platform:chat_id), or one run's parts where the
-    # platform has no chat order to keep (callback targets).
-    sa.Column("lane", sa.String(800), nullable=False),
-    # Who is sending the part right now (a gateway process id) and until when that claim holds.
-    sa.Column("claimed_by", sa.String(64)),
-    sa.Column("claim_until", sa.Float),
-    # Times a sender took the part over from one that died mid-send: the platform may already have it.
-    sa.Column("in_doubt", sa.Integer, nullable=False, default=0),
-    sa.Index("ix_outbox_status", "status", "id"),
-    sa.Index("ix_outbox_lane", "lane", "status", "id"),
-)
-
-memory_t = sa.Table(
-    "memory", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("user_key", sa.String(255), nullable=False, index=True),
-    sa.Column("text", sa.Text, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-)
-
-todos_t = sa.Table(
-    "todos", metadata,
-    sa.Column("session_key", sa.String(255), primary_key=True),
-    sa.Column("items", sa.Text, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-)
-
-# A session's conversation folded into a summary (gateway/session_summary.py): what the model wrote for its
-# messages up to through_id, and the prompt size the model server last reported for the session.
-session_summaries_t = sa.Table(
-    "session_summaries", metadata,
-    sa.Column("session_key", sa.String(255), primary_key=True),
-    sa.Column("epoch", sa.Integer, nullable=False),
-    sa.Column("summary", sa.Text),
-    sa.Column("through_id", sa.Integer, nullable=False, default=0),
-    sa.Column("prompt_tokens", sa.Integer),
-    sa.Column("updated_at", sa.Float, nullable=False),
-)
-
-platform_state_t = sa.Table(
-    "platform_state", metadata,
-    sa.Column("key", sa.String(255), primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-)
-
-meta_t = sa.Table(
-    "meta", metadata,
-    sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
-)
-
 
 # -- rows ----------------------------------------------------------------
 
@@ -326,23 +191,15 @@ class RunCompletion:
     ended_by: str | None = None
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
+    """Compact JSON as stored in text columns."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 FINAL_RUN_STATES = ("completed", "failed", "cancelled")
-MIGRATION_LOCK_KEY = 0x4845524D4553  # pg_advisory_xact_lock key: one migrating process at a time
 
 
 # -- statements built once (bound parameters are named b_* where a column has the same name) ----
-
-
-@functools.cache
-def insert_ignoring_conflicts(dialect: str, table: sa.Table, key: str | tuple[str, ...]) -> Any:
-    """``INSERT ... ON CONFLICT (key) DO NOTHING RETURNING *`` for the dialect: no row back on a conflict."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    columns = [key] if isinstance(key, str) else list(key)
-    return insert(table).on_conflict_do_nothing(index_elements=columns).returning(*table.c)
 
 
 _INBOX_BY_KEY = sa.select(inbox_t.c.id, inbox_t.c.run_id).where(inbox_t.c.dedupe_key == sa.bindparam("b_key"))
@@ -422,51 +279,6 @@ _OUTBOX_FAILED = (outbox_t.update().where(outbox_t.c.id == sa.bindparam("b_id"))
 _OUTBOX_DEPTH = sa.select(sa.func.count()).select_from(outbox_t).where(outbox_t.c.status == "pending")
 
 
-# -- schema versions ---------------------------------------------------------
-
-
-def _v2_outbox_claims(conn: Connection) -> None:
-    """outbox: ordering lanes, claims (who is sending a part) and the in-doubt count; inbox by session."""
-    for column in ("lane VARCHAR(800) NOT NULL DEFAULT ''", "claimed_by VARCHAR(64)", "claim_until FLOAT",
-                   "in_doubt INTEGER NOT NULL DEFAULT 0"):
-        conn.exec_driver_sql(f"ALTER TABLE outbox ADD COLUMN {column}")
-    conn.exec_driver_sql("UPDATE outbox SET lane = platform || ':' || chat_id")
-    next(ix for ix in outbox_t.indexes if ix.name == "ix_outbox_lane").create(conn)
-    next(ix for ix in inbox_t.indexes if ix.name == "ix_inbox_session").create(conn)
-
-
-def _v3_runs_ended_by(conn: Connection) -> None:
-    """runs: how a completed run's answer ended (a whole answer, or cut off, out of budget ...)."""
-    conn.exec_driver_sql("ALTER TABLE runs ADD COLUMN ended_by VARCHAR(32)")
-
-
-def _v4_session_summaries(conn: Connection) -> None:
-    """session_summaries: a session's compressed earlier conversation and its last reported prompt size."""
-    session_summaries_t.create(conn, checkfirst=True)
-
-
-_MIGRATIONS = {2: _v2_outbox_claims, 3: _v3_runs_ended_by, 4: _v4_session_summaries}
-
-
-def _migrate(conn: Connection) -> None:
-    """Bring the schema to SCHEMA_VERSION; concurrent starts of several processes take turns."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-    meta_t.create(conn, checkfirst=True)
-    row = conn.execute(sa.select(meta_t.c.value).where(meta_t.c.key == "schema_version")).first()
-    version = int(row[0]) if row is not None else None
-    if version is not None and version > SCHEMA_VERSION:
-        raise RuntimeError(f"database schema v{version} is newer than this gateway (v{SCHEMA_VERSION})")
-    for step in range((version or SCHEMA_VERSION) + 1, SCHEMA_VERSION + 1):
-        logger.info("migrating the database schema to v%d: %s", step, _MIGRATIONS[step].__doc__)
-        _MIGRATIONS[step](conn)
-    metadata.create_all(conn)  # a fresh database, and tables of modules added since (checkfirst)
-    if version is None:
-        conn.execute(meta_t.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-    elif version != SCHEMA_VERSION:
-        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
-
-
 def _outbox_values(parts: Sequence[OutboxPart], now: float) -> list[dict[str, Any]]:
     return [{"dedupe_key": p.dedupe_key, "run_id": p.run_id, "platform": p.platform, "chat_id": p.chat_id,
              "thread_id": p.thread_id, "reply_to": p.reply_to, "edit_message_id": p.edit_message_id,
@@ -506,13 +318,13 @@ def _append_messages(conn: Connection, key: str | None, epoch: int | None, messa
         return
     conn.execute(_MESSAGES_INSERT, [
         {"session_key": key, "epoch": epoch, "role": m.role, "content": m.content,
-         "tool_calls": _dumps(m.tool_calls) if m.tool_calls else None, "tool_call_id": m.tool_call_id,
+         "tool_calls": dumps(m.tool_calls) if m.tool_calls else None, "tool_call_id": m.tool_call_id,
          "run_id": run_id, "created_at": now} for m in messages])
 
 
 def _finish_run(conn: Connection, done: RunCompletion, now: float, claim: Claim | None) -> list[OutboxRow] | None:
     params = {"b_id": done.run_id, "b_status": done.status, "b_result": done.result, "b_error": done.error,
-              "b_tool_calls": _dumps(done.tool_calls), "b_model_calls": done.model_calls,
+              "b_tool_calls": dumps(done.tool_calls), "b_model_calls": done.model_calls,
               "b_model_seconds": done.model_seconds, "b_ended_by": done.ended_by, "b_now": now}
     if conn.execute(_RUN_FINISH, params).rowcount == 0:
         return None
@@ -566,7 +378,7 @@ class Store:
         """Connect, create or migrate the schema, and return the store."""
         db = Database.connect(url)
         try:
-            await db.write(_migrate)
+            await db.write(migrate)
         except BaseException:
             await db.close()
             raise
@@ -596,7 +408,7 @@ class Store:
         """
         now = time.time()
         row_values = {"dedupe_key": dedupe_key, "platform": platform, "kind": kind, "session_key": session_key,
-                      "payload": _dumps(payload), "status": "running" if started else "pending",
+                      "payload": dumps(payload), "status": "running" if started else "pending",
                       "run_id": run.id if run else None, "created_at": now, "updated_at": now}
 
         def work(conn: Connection) -> Acceptance:
@@ -608,7 +420,7 @@ class Store:
             if run is not None:
                 conn.execute(_RUN_INSERT, {
                     "id": run.id, "kind": run.kind, "source": run.source, "session_key": session_key,
-                    "status": "running" if started else "queued", "toolsets": _dumps(run.toolsets),
+                    "status": "running" if started else "queued", "toolsets": dumps(run.toolsets),
                     "prompt": run.prompt, "deliver_to": run.deliver_to, "tool_calls": "[]", "model_calls": 0,
                     "attempts": int(started), "created_at": now, "started_at": now if started else None})
             return Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
@@ -830,72 +642,3 @@ def _outbox_row(r: Any) -> OutboxRow:
     return OutboxRow(r.id, r.dedupe_key, r.run_id, r.platform, r.chat_id, r.thread_id, r.reply_to, r.edit_message_id,
                      r.part_index, r.parts_total, r.text, r.status, r.attempts, r.next_attempt_at,
                      r.platform_message_id, r.last_error, r.lane, r.in_doubt, r.claimed_by, r.claim_until)
-
-
-class ToolStateStore:
-    """Memory notes and todo lists for the tools, on the same database."""
-
-    def __init__(self, store: Store) -> None:
-        self.db = store.db
-
-    async def add_note(self, user_key: str, text: str) -> tuple[int, float]:
-        """Store a note; returns (id, created_at)."""
-        now = time.time()
-        insert = memory_t.insert().values(user_key=user_key, text=text, created_at=now).returning(memory_t.c.id)
-        note_id = await self.db.write(lambda conn: conn.execute(insert).scalar_one())
-        return int(note_id), now
-
-    async def list_notes(self, user_key: str) -> list[tuple[int, str, float]]:
-        """The user's notes as (id, text, created_at), oldest first."""
-        query = sa.select(memory_t.c.id, memory_t.c.text, memory_t.c.created_at).where(
-            memory_t.c.user_key == user_key).order_by(memory_t.c.id)
-        rows = await self.db.read(lambda conn: conn.execute(query).all())
-        return [(int(r.id), r.text, r.created_at) for r in rows]
-
-    async def remove_note(self, user_key: str, note_id: int) -> bool:
-        """Delete one of the user's notes."""
-        delete = memory_t.delete().where(memory_t.c.user_key == user_key, memory_t.c.id == note_id)
-        return bool(await self.db.write(lambda conn: conn.execute(delete).rowcount))
-
-    async def load_todos(self, session_key: str) -> list[dict[str, str]]:
-        """The session's todo items as dicts."""
-        query = sa.select(todos_t.c["items"]).where(todos_t.c.session_key == session_key)
-        row = await self.db.read(lambda conn: conn.execute(query).first())
-        return json.loads(row[0]) if row else []
-
-    async def save_todos(self, session_key: str, items: list[dict[str, str]]) -> None:
-        """Replace the session's todo items."""
-        now = time.time()
-
-        def work(conn: Connection) -> None:
-            updated = conn.execute(todos_t.update().where(todos_t.c.session_key == session_key)
-                                   .values(items=_dumps(items), updated_at=now))
-            if updated.rowcount == 0:
-                conn.execute(todos_t.insert().values(session_key=session_key, items=_dumps(items), updated_at=now))
-
-        await self.db.write(work)
-
-
-class PlatformStateStore:
-    """``platforms.base.PlatformState`` on the gateway's database (shared by its replicas)."""
-
-    def __init__(self, store: Store) -> None:
-        self.db = store.db
-
-    async def load(self, key: str) -> str | None:
-        """The value saved under ``key``, or None."""
-        query = sa.select(platform_state_t.c.value).where(platform_state_t.c.key == key)
-        return await self.db.read(lambda conn: conn.execute(query).scalar())
-
-    async def save(self, key: str, value: str) -> None:
-        """Replace the value under ``key``."""
-        now = time.time()
-
-        def work(conn: Connection) -> None:
-            updated = conn.execute(platform_state_t.update().where(platform_state_t.c.key == key)
-                                   .values(value=value, updated_at=now))
-            if updated.rowcount == 0:
-                conn.execute(insert_ignoring_conflicts(conn.dialect.name, platform_state_t, "key"),
-                             {"key": key, "value": value, "updated_at": now})
-
-        await self.db.write(work)

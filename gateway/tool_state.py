@@ -11,7 +11,8 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-from gateway.store import Store, ToolStateStore
+from gateway.state_stores import ToolStateStore
+from gateway.store import Store
 from tools.memory_tool import InMemoryMemoryBackend, MemoryNote, set_memory_backend
 from tools.todo_tool import InMemoryTodoBackend, TodoItem, TodoStatus, set_todo_backend
 

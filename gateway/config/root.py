@@ -13,6 +13,7 @@ from gateway.config.errors import _raise_if
 from gateway.config.platforms import Platforms
 from gateway.config.sections import (
     AuthSettings,
+    CommandSettings,
     CronSettings,
     GatewaySettings,
     HttpSettings,
@@ -63,6 +64,7 @@ class Config(_Root):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     mcp_servers: dict[Annotated[str, AfterValidator(_check_server_name)], McpServer] = Field(default_factory=dict)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
+    commands: CommandSettings = Field(default_factory=CommandSettings)
 
     @field_validator("toolsets")
     @classmethod

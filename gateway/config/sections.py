@@ -33,7 +33,7 @@ from gateway.config.base import (
     _Section,
 )
 from gateway.config.discovery import gateway_home
-from gateway.config.errors import _invalid, _Problem, _raise_if
+from gateway.config.errors import _invalid, _Problem, _raise_if, _suggest
 
 _MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
@@ -63,6 +63,8 @@ class ModelSettings(_Section):
     context_tokens: int | None = Field(None, ge=256)
     compress_at: float = Field(0.75, gt=0, lt=1)
     keep_recent_turns: int = Field(6, ge=1)
+    # Models a chat may switch its session to with /model (``name`` is always allowed); empty: no switching.
+    allowed: list[str] = Field(default_factory=list)
 
     @field_validator("system_prompt_file")
     @classmethod
@@ -100,7 +102,9 @@ class HttpSettings(_Section):
 class GatewaySettings(_Section):
     """Concurrency, busy-session policy and shutdown behaviour of the core."""
 
-    busy: Literal["queue", "interrupt"] = "queue"
+    # What a chat message does while its session's run is busy (a chat changes it for itself with /busy): wait
+    # after it, stop it and start, or steer it (joins the running agent loop before its next model call).
+    busy: Literal["queue", "interrupt", "steer"] = "queue"
     max_concurrent_runs: int = Field(64, ge=1)
     max_concurrent_webhook_runs: int = Field(16, ge=1)
     # A run the gateway stopped during this many times is failed (its user told once), not started again.
@@ -125,6 +129,22 @@ class GatewaySettings(_Section):
     @classmethod
     def _resolve_workspace(cls, value: Path, info: ValidationInfo) -> Path:
         return _resolve_path(value, info)
+
+
+def _check_command_names(value: list[str]) -> list[str]:
+    from gateway.commands import COMMANDS  # the registry imports this package: look it up when validating
+
+    unknown = [name for name in value if name.lstrip("/") not in COMMANDS]
+    if unknown:
+        raise _invalid(f"unknown command {unknown[0]!r}", _suggest(unknown[0].lstrip("/"), sorted(COMMANDS)))
+    return sorted({COMMANDS[name.lstrip("/")].name for name in value})
+
+
+class CommandSettings(_Section):
+    """Chat commands this gateway turns off, and those only its admins may use (names without the slash)."""
+
+    disabled: Annotated[list[str], AfterValidator(_check_command_names)] = Field(default_factory=list)
+    admin_only: Annotated[list[str], AfterValidator(_check_command_names)] = Field(default_factory=list)
 
 
 def _check_admin(value: str) -> str:

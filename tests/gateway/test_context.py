@@ -12,9 +12,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gateway.memory_prompt import MEMORY_HEADER, format_memory
+from gateway.schema import SCHEMA_VERSION, messages_t, meta_t
 from gateway.session_summary import COMPRESS_PROMPT, SUMMARY_PREFIX, SummaryStore
 from gateway.sim.model_server import Turn, default_responder, rules, tool_call
-from gateway.store import SCHEMA_VERSION, Store, ToolStateStore, messages_t, meta_t
+from gateway.state_stores import ToolStateStore
+from gateway.store import Store
 from tests.conftest import Harness
 
 SESSION = "telegram:dm:100"
@@ -205,6 +207,6 @@ async def test_a_version_3_database_gets_the_session_summaries_table(store_url: 
         await summaries.save("s", 1, prompt_tokens=5)  # /new: the old conversation's summary is not carried
         assert (await summaries.load("s", 1)).summary is None
         version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
-        assert version == str(SCHEMA_VERSION) == "4"
+        assert version == str(SCHEMA_VERSION) == "5"
     finally:
         await upgraded.close()

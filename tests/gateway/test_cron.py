@@ -23,9 +23,10 @@ from gateway.cron import ON_TIME_SECONDS, CronService, plan_fire
 from gateway.cron_store import CronStore
 from gateway.metrics import Metrics
 from gateway.runs import RunJob
+from gateway.schema import inbox_t
 from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.model_server import ScriptedModel, rules, text, tool_call
-from gateway.store import RunCompletion, Store, inbox_t
+from gateway.store import RunCompletion, Store
 from platforms.base import MessageEvent
 from tools.cronjob_tools import CronJob, Schedule, first_fire, parse_schedule, resolve_timezone
 

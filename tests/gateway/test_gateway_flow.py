@@ -210,7 +210,7 @@ async def test_todo_and_memory_tools_persist_in_the_store(make_gateway) -> None:
     await h.chat.wait_for(lambda: len(h.chat.sent) == 2)
     run_results = [c["result"] for r in await h.gateway.store.list_runs() for c in r.tool_calls]
     assert all('"error"' not in r for r in run_results), run_results
-    from gateway.store import ToolStateStore
+    from gateway.state_stores import ToolStateStore
 
     state = ToolStateStore(h.gateway.store)
     assert [i["text"] for i in await state.load_todos("telegram:dm:100")] == ["write tests", "ship"]

@@ -196,7 +196,7 @@ async def test_reload_mcp_is_for_admins_and_reconnects(make_gateway) -> None:
     await reply(h, "toggle it")
     assert "extra_tool" in h.gateway.mcp.status()["files"].tools
     await h.chat.user_says("/reload-mcp", user_id="1002")
-    await h.chat.wait_for(lambda: "Only gateway admins can reload MCP servers." in h.chat.final_texts())
+    await h.chat.wait_for(lambda: "Only gateway admins can use /reload-mcp." in h.chat.final_texts())
     await h.chat.user_says("/reload-mcp", user_id="1001")
     await h.chat.wait_for(lambda: any(t.startswith("Reconnecting 1 MCP server(s): files")
                                       for t in h.chat.final_texts()))

@@ -21,10 +21,11 @@ import sqlalchemy as sa
 import yaml
 
 from gateway.cron_store import CronStore
+from gateway.schema import inbox_t, runs_t
 from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.model_server import ScriptedModel, rules, text
 from gateway.sim.telegram_api import TelegramSimulator
-from gateway.store import Store, inbox_t, runs_t
+from gateway.store import Store
 from platforms.webhook_signatures import sign
 from tests.gateway_process import GatewayProcess
 from tools.cronjob_tools import CronJob, Schedule

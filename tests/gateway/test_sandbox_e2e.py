@@ -24,7 +24,8 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.sim.model_server import ScriptedModel, rules, tool_call, tool_calls
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
-from gateway.store import RunRow, ToolStateStore
+from gateway.state_stores import ToolStateStore
+from gateway.store import RunRow
 from tests.sandbox_support import BACKTRACK, HANG, descendant_processes, leaks, require_bwrap, write_plugin
 from tools.sandbox.policy import NOBODY
 

@@ -23,9 +23,9 @@ from dotenv import dotenv_values
 
 from gateway.config import load_config, parse_config
 from gateway.probes import probe_model
+from gateway.schema import SCHEMA_VERSION
 from gateway.sim.model_server import ScriptedModel
 from gateway.sim.telegram_api import TelegramSimulator
-from gateway.store import SCHEMA_VERSION
 from platforms.webhook_signatures import sign
 from tests.conftest import SIM_MODEL_KEY
 

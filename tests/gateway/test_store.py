@@ -11,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gateway.store import SCHEMA_VERSION, ChatMessage, Claim, NewRun, OutboxPart, RunCompletion, Store, meta_t
+from gateway.schema import SCHEMA_VERSION, meta_t
+from gateway.store import ChatMessage, Claim, NewRun, OutboxPart, RunCompletion, Store
 
 KEY = "telegram:dm:100"
 

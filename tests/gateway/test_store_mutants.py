@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import sqlalchemy as sa
 
+from gateway.schema import messages_t
 from gateway.store import (
     ChatMessage,
     Claim,
@@ -18,7 +19,6 @@ from gateway.store import (
     RunCompletion,
     SessionRef,
     Store,
-    messages_t,
 )
 
 KEY = "telegram:dm:100"
@@ -42,7 +42,7 @@ def _part(key: str, chat_id: str = "100", **fields: object) -> OutboxPart:
 
 async def test_an_accepted_run_is_recorded_as_queued_with_what_it_needs(store: Store) -> None:
     """Kills accept's run-row mutants: ``"XXqueuedXX"`` / ``"QUEUED"`` (status), ``"XXdeliver_toXX"`` /
-    ``"DELIVER_TO"`` (where the answer goes, lost), ``_dumps(None)`` (toolsets), ``"model_calls": 1``,
+    ``"DELIVER_TO"`` (where the answer goes, lost), ``dumps(None)`` (toolsets), ``"model_calls": 1``,
     ``started_at: now if (started) or True`` (a queued run with a start time), and ``duplicate=None``."""
     run = _run()
     accepted = await store.accept("webhook:route-a:1", "webhook", "webhook", "webhook:route-a", {"n": 1}, run)
@@ -107,7 +107,7 @@ async def test_start_run_without_a_session_or_a_history_limit_reads_no_history(s
 
 
 async def test_a_finished_run_keeps_its_tool_calls_and_its_messages_name_it(store: Store) -> None:
-    """Kills _finish_run's ``_dumps(None)`` for the tool calls and ``_append_messages(..., None, now)`` (the
+    """Kills _finish_run's ``dumps(None)`` for the tool calls and ``_append_messages(..., None, now)`` (the
     transcript's messages would not name the run that wrote them)."""
     accepted = await store.accept("telegram:1", "telegram", "chat", KEY, {}, _run())
     assert accepted.run_id is not None

@@ -34,7 +34,7 @@ from gateway.sim.discord_api import (
     DiscordSimulator,
 )
 from gateway.sim.model_server import last_user_text, rules, text, tool_call
-from gateway.store import PlatformStateStore
+from gateway.state_stores import PlatformStateStore
 from platforms.base import Accepted, AdapterState, MessageEvent
 from platforms.discord import TOKEN_REJECTED, DiscordAdapter, DiscordSettings, DiscordStartupError, delivery_nonce
 
