@@ -74,6 +74,8 @@ class RunOutcome:
     ended_by: str = "answer"
     prompt_tokens: int | None = None
     """usage.prompt_tokens of the last model answer (None if unreported)."""
+    model: str = ""
+    """The model the loop asked (the session's choice, or ``model.name``)."""
 
 
 def build_client(cfg: ModelSettings, max_connections: int = _SDK_MAX_CONNECTIONS) -> openai.AsyncOpenAI:
@@ -158,13 +160,14 @@ class Agent:
 
     async def run(self, messages: list[dict[str, Any]], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
                   on_text: OnText | None = None, cancel: threading.Event | None = None,
-                  budget: RunBudget | None = None) -> RunOutcome:
-        """Drive the model until it answers without tool calls (or ``max_turns`` / the budget is reached)."""
-        outcome = RunOutcome(text="")
+                  budget: RunBudget | None = None, model: str | None = None) -> RunOutcome:
+        """Drive the model (``model``, else ``model.name``) until it answers without tool calls (or ``max_turns``
+        / the budget is reached)."""
+        outcome = RunOutcome(text="", model=model or self.cfg.name)
         convo = list(messages)
         for _turn in range(self.cfg.max_turns):
             started = time.perf_counter()
-            turn = await self._complete(convo, plan.definitions, on_text)
+            turn = await self._complete(convo, plan.definitions, on_text, model=outcome.model)
             content, tool_calls = turn.content, turn.tool_calls
             elapsed = time.perf_counter() - started
             outcome.model_calls += 1
@@ -210,18 +213,20 @@ class Agent:
         outcome.transcript.append(ChatMessage("assistant", text))
         return outcome
 
-    async def summarise(self, messages: list[dict[str, Any]], max_tokens: int) -> tuple[ModelTurn, float]:
+    async def summarise(self, messages: list[dict[str, Any]], max_tokens: int,
+                        model: str | None = None) -> tuple[ModelTurn, float]:
         """One model call without tools or streaming (a conversation summary); the answer and its seconds."""
         started = time.perf_counter()
-        turn = await self._complete(messages, [], None, max_tokens)
+        turn = await self._complete(messages, [], None, max_tokens, model)
         elapsed = time.perf_counter() - started
         self.metrics.model_latency.observe(elapsed)
         return turn, elapsed
 
     async def _complete(self, convo: list[dict[str, Any]], tools: list[dict[str, Any]],
-                        on_text: OnText | None, max_tokens: int | None = None) -> ModelTurn:
-        """One model call (``max_tokens``: this call's output cap instead of ``model.max_tokens``)."""
-        kwargs: dict[str, Any] = {"model": self.cfg.name, "messages": convo}
+                        on_text: OnText | None, max_tokens: int | None = None, model: str | None = None) -> ModelTurn:
+        """One model call (``max_tokens``: this call's output cap instead of ``model.max_tokens``; ``model``:
+        instead of ``model.name``)."""
+        kwargs: dict[str, Any] = {"model": model or self.cfg.name, "messages": convo}
         if tools:
             kwargs["tools"] = tools
         if self.cfg.temperature is not None:
