@@ -6,6 +6,8 @@ results in older turns are shortened first; if that is not enough, the older tur
 summary) are summarised by the model, the last ``model.keep_recent_turns`` messages staying verbatim.
 The size is the larger of the chars/4 estimate and what the model server reported for the session's last
 request (``usage.prompt_tokens``, which also counts what the estimate cannot see, such as tool schemas).
+When the model fails to write the summary (an error, a timeout, an empty answer) the run still answers: its
+history is the newest messages that fit, as without compression; nothing is stored, so a later run tries again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from gateway.agent import Agent, message_tokens, trim_history
 from gateway.config import ModelSettings
+from gateway.model_errors import ModelError
 from gateway.schema import insert_ignoring_conflicts, messages_t, session_summaries_t
 from gateway.store import ChatMessage, Store
 
@@ -57,12 +60,14 @@ class SessionContext:
 
 @dataclass(slots=True)
 class PreparedHistory:
-    """What goes between the system prompt and the user's message, and the model calls it took."""
+    """What goes between the system prompt and the user's message, and the model calls it took (``tokens`` in
+    all, ``prompt_tokens`` of them the requests', as reported)."""
 
     messages: list[dict[str, Any]]
     model_calls: int = 0
     model_seconds: float = 0.0
     tokens: int = 0
+    prompt_tokens: int = 0
     compressed: bool = False
 
 
@@ -156,9 +161,11 @@ class ContextCompressor:
         """The request size (tokens) past which the session is compressed."""
         return int(self.context_tokens * self.cfg.compress_at)
 
-    async def history(self, key: str, epoch: int, fixed_tokens: int, force: bool = False) -> PreparedHistory:
+    async def history(self, key: str, epoch: int, fixed_tokens: int, force: bool = False,
+                      model: str | None = None) -> PreparedHistory:
         """The run's history for a request whose other parts (system prompt, user message) take
-        ``fixed_tokens``; ``force`` summarises the older turns whatever the size (``/compress``)."""
+        ``fixed_tokens``; ``force`` summarises the older turns whatever the size (``/compress``). A summary is
+        written by ``model`` (the session's), else ``model.name``."""
         ctx = await self.summaries.load(key, epoch)
         summary = [ChatMessage("system", SUMMARY_PREFIX + ctx.summary)] if ctx.summary else []
         start = _split(ctx.messages, self.cfg.keep_recent_turns)
@@ -172,23 +179,41 @@ class ContextCompressor:
             return PreparedHistory([m.to_openai() for m in summary + shortened + recent])
         prepared = PreparedHistory([])
         if old:
-            text = await self._summarise(ctx.summary, shortened, prepared)
-            await self.summaries.save(key, epoch, summary=text, through_id=ctx.ids[start - 1])
-            summary = [ChatMessage("system", SUMMARY_PREFIX + text)]
-            prepared.compressed = True
+            text = await self._summarise(key, ctx.summary, shortened, prepared, model)
+            if text is None:  # nothing stored: the next run over the limit tries again
+                recent = shortened + recent
+            else:
+                await self.summaries.save(key, epoch, summary=text, through_id=ctx.ids[start - 1])
+                summary = [ChatMessage("system", SUMMARY_PREFIX + text)]
+                prepared.compressed = True
         room = self.limit - fixed_tokens - overhead - sum(map(message_tokens, summary))
         prepared.messages = [m.to_openai() for m in summary + trim_history(recent, max(room, 0))]
         return prepared
 
-    async def _summarise(self, summary: str | None, old: list[ChatMessage], prepared: PreparedHistory) -> str:
+    async def _summarise(self, key: str, summary: str | None, old: list[ChatMessage], prepared: PreparedHistory,
+                         model: str | None) -> str | None:
+        """The new summary, or None when the model failed to write one (an error, no answer in time, an empty
+        answer): the run then goes on without it, with the turns that fit."""
         out_tokens = max(self.context_tokens // 8, 64)
         request = [{"role": "system", "content": COMPRESS_PROMPT},
                    {"role": "user", "content": _render(summary, old, (self.context_tokens - out_tokens) * 3)}]
-        turn, seconds = await self.agent.summarise(request, out_tokens)
-        prepared.model_calls, prepared.model_seconds, prepared.tokens = 1, seconds, turn.tokens
+        started = time.perf_counter()
+        prepared.model_calls = 1
+        try:
+            turn, prepared.model_seconds = await self.agent.summarise(request, out_tokens, model)
+        except ModelError as exc:
+            prepared.model_seconds = time.perf_counter() - started
+            logger.warning("session %s: summarising %d older messages failed (%s); trimming instead",
+                           key, len(old), exc)
+            return None
+        prepared.tokens, prepared.prompt_tokens = turn.tokens, turn.prompt_tokens or 0
+        if not turn.content.strip():
+            logger.warning("session %s: the model wrote an empty summary of %d older messages; trimming instead",
+                           key, len(old))
+            return None
         logger.info("compressed %d older messages into a summary of %d characters", len(old), len(turn.content))
         # The cap holds even for a server ignoring max_tokens: the summary must leave room for the conversation.
-        return turn.content.strip()[:out_tokens * 4] or (summary or "")
+        return turn.content.strip()[:out_tokens * 4]
 
     async def record_usage(self, key: str, epoch: int, prompt_tokens: int) -> None:
         """Remember the size the server reported for the session's last request."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -184,6 +186,63 @@ async def test_the_reported_prompt_size_triggers_compression(make_gateway) -> No
     assert [_system(r) == COMPRESS_PROMPT for r in h.model.requests] == [False, False, True, False, True, False,
                                                                         True, False]
     assert h.model.requests[-1]["messages"][1]["content"] == SUMMARY_PREFIX + "SUMMARY by usage"
+
+
+@pytest.mark.parametrize("failure", ["error", "timeout", "empty"])
+async def test_a_failed_summary_still_answers_with_the_turns_that_fit_and_is_tried_again(
+        make_gateway, caplog: pytest.LogCaptureFixture, failure: str) -> None:
+    summaries = ["" if failure == "empty" else "never used", "SUMMARY-LATER"]
+    if failure != "empty":
+        summaries.pop(0)
+    h = await make_gateway({"model": {**CONTEXT["model"], "timeout": 0.5}}, responder=_compressing(summaries))
+    await _seed(h, 200)
+    if failure == "error":
+        h.model.fail_next(1, status=500)
+    elif failure == "timeout":
+        h.model.hang_next(1)
+    with caplog.at_level(logging.WARNING, logger="gateway.session_summary"):
+        await h.chat.user_says("still there?")
+        await _runs_done(h, 1)
+    compress, request = h.model.requests
+    assert _system(compress) == COMPRESS_PROMPT
+    sent = request["messages"]
+    assert not any(m["content"].startswith(SUMMARY_PREFIX) for m in sent[1:] if m["content"])
+    assert sent[-3:] == [{"role": "user", "content": "turn 199: question"},
+                         {"role": "assistant", "content": "turn 199: answer"},
+                         {"role": "user", "content": "still there?"}]
+    assert "turn 170: question" in [m["content"] for m in sent]  # more than the 6 recent: all that fit
+    assert _size(sent) < LIMIT and "turn 0: question" not in json.dumps(sent)
+    assert h.chat.final_texts() == ["Echo: still there?"]
+    (run,) = await h.gateway.store.list_runs()
+    assert (run.status, run.model_calls) == ("completed", 2)
+    [warning] = [r for r in caplog.records if r.name == "gateway.session_summary"]
+    assert warning.levelno == logging.WARNING and "trimming instead" in warning.getMessage()
+    assert (await SummaryStore(h.gateway.store).load(SESSION, 0)).summary is None  # nothing bad stored
+
+    await h.chat.user_says("and now?")  # the next run over the limit compresses, and succeeds
+    await _runs_done(h, 2)
+    compress, request = h.model.requests[2:]
+    assert _system(compress) == COMPRESS_PROMPT and compress["messages"][1]["content"].endswith("turn 197: answer")
+    assert request["messages"][1] == {"role": "system", "content": SUMMARY_PREFIX + "SUMMARY-LATER"}
+    assert (await SummaryStore(h.gateway.store).load(SESSION, 0)).summary == "SUMMARY-LATER"
+
+
+async def test_an_empty_summary_keeps_the_earlier_one_and_its_turns(make_gateway) -> None:
+    h = await make_gateway(CONTEXT, responder=_compressing(["SUMMARY-ONE", "   "]))
+    await _seed(h, 200)
+    await h.chat.user_says("first")
+    await _runs_done(h, 1)
+    before = await SummaryStore(h.gateway.store).load(SESSION, 0)
+    await _seed(h, 40, start=200)
+    await h.chat.user_says("second")
+    await _runs_done(h, 2)
+    request = h.model.requests[-1]
+    assert request["messages"][1] == {"role": "system", "content": SUMMARY_PREFIX + "SUMMARY-ONE"}
+    assert request["messages"][-2:] == [{"role": "assistant", "content": "turn 239: answer"},
+                                        {"role": "user", "content": "second"}]
+    assert _size(request["messages"]) < LIMIT
+    after = await SummaryStore(h.gateway.store).load(SESSION, 0)
+    assert after.summary == "SUMMARY-ONE" and after.ids[0] == before.ids[0]  # the turns it left out stay stored
 
 
 async def test_a_version_3_database_gets_the_session_summaries_table(store_url: str) -> None:
