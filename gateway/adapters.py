@@ -47,7 +47,8 @@ def _slack(sl: SlackPlatform, bot_token: str) -> BasePlatformAdapter:
         app_token=sl.app_token.get_secret_value() if sl.app_token else None,
         signing_secret=sl.signing_secret.get_secret_value() if sl.signing_secret else None,
         mode=sl.mode, api_base_url=sl.api_base_url, events_path=sl.events_path,
-        slash_command=sl.slash_command, reply_in_thread=sl.reply_in_thread, ping_interval=sl.ping_interval))
+        slash_command=sl.slash_command, reply_in_thread=sl.reply_in_thread, ping_interval=sl.ping_interval,
+        assistant_status=sl.assistant_status))
 
 
 def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:

@@ -219,6 +219,7 @@ class BasePlatformAdapter(abc.ABC):
     max_message_length: ClassVar[int]
     can_edit: ClassVar[bool] = False
     can_delete: ClassVar[bool] = False
+    can_react: ClassVar[bool] = False
     length_fn: ClassVar[Callable[[str], int]] = len
     ordered_per_chat: ClassVar[bool] = True
     """Whether parts to one chat id must arrive in order (False: only one run's parts, e.g. HTTP callbacks)."""
@@ -316,6 +317,12 @@ class BasePlatformAdapter(abc.ABC):
     async def send_typing(self, chat_id: str, metadata: Mapping[str, str] | None = None) -> None:
         """Show a typing indicator where the platform has one (default: nothing to do)."""
         return None
+
+    async def set_reaction(self, chat_id: str, message_id: str, emoji: str | None, previous: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Make ``emoji`` the bot's reaction on a message, replacing ``previous`` (the bot's earlier one, if known);
+        None only removes ``previous``. Unsupported unless the platform overrides it (and sets `can_react`)."""
+        return SendResult(success=False, error=f"{self.name} does not support reactions")
 
 
 # --- message splitting -------------------------------------------------------------------------------

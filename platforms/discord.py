@@ -264,6 +264,8 @@ class DiscordAdapter(BasePlatformAdapter):
     name = "discord"
     max_message_length = 2000
     can_edit = True
+    can_delete = True
+    can_react = True
     length_fn = discord_length  # the Markdown as sent (tables as code blocks), in UTF-16 units
 
     def __init__(self, settings: DiscordSettings) -> None:
@@ -663,15 +665,46 @@ class DiscordAdapter(BasePlatformAdapter):
     async def edit_message(self, chat_id: str, message_id: str, content: str,
                            metadata: Mapping[str, str] | None = None) -> SendResult:
         """Replace the text of a message the bot sent (PATCH)."""
+        partial = self._message(chat_id, message_id, metadata)
+        if isinstance(partial, SendResult):
+            return partial
+        return await self._request(lambda: partial.edit(content=to_discord(content),
+                                                        allowed_mentions=self._mentions), chat_id)
+
+    def _message(self, chat_id: str, message_id: str,
+                 metadata: Mapping[str, str] | None) -> discord.PartialMessage | SendResult:
         channel = self._channel(chat_id, metadata)
         if isinstance(channel, SendResult):
             return channel
         mid = _snowflake(message_id)
         if mid is None:
             return SendResult(success=False, error=f"discord: {message_id!r} is not a message id")
-        partial = channel.get_partial_message(mid)
-        return await self._request(lambda: partial.edit(content=to_discord(content),
-                                                        allowed_mentions=self._mentions), chat_id)
+        return channel.get_partial_message(mid)
+
+    async def delete_message(self, chat_id: str, message_id: str,
+                             metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Delete a message the bot sent (DELETE /channels/{id}/messages/{mid})."""
+        message = self._message(chat_id, message_id, metadata)
+        if isinstance(message, SendResult):
+            return message
+        return await self._request(message.delete, chat_id, message_id)
+
+    async def set_reaction(self, chat_id: str, message_id: str, emoji: str | None, previous: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Add ``emoji`` as the bot's reaction (PUT .../reactions/{emoji}/@me), then remove ``previous`` (DELETE
+        .../reactions/{previous}/@me): Discord keeps every reaction until it is removed."""
+        message = self._message(chat_id, message_id, metadata)
+        if isinstance(message, SendResult):
+            return message
+        me = self._rest.user if self._rest is not None else None
+        if me is None:
+            return SendResult(success=False, error="discord: not logged in", retryable=True)
+        result = SendResult(success=True, message_id=message_id)
+        if emoji:
+            result = await self._request(lambda: message.add_reaction(emoji), chat_id, message_id)
+        if result.success and previous and previous != emoji:
+            result = await self._request(lambda: message.remove_reaction(previous, me), chat_id, message_id)
+        return result
 
     async def send_typing(self, chat_id: str, metadata: Mapping[str, str] | None = None) -> None:
         """Show "typing..." for about ten seconds (POST /channels/{id}/typing); failures are only logged."""
@@ -683,8 +716,10 @@ class DiscordAdapter(BasePlatformAdapter):
         except (discord.HTTPException, *_NETWORK_ERRORS) as exc:
             logger.debug("discord: typing in %s failed: %r", chat_id, exc)
 
-    async def _request(self, call: Callable[[], Awaitable[discord.Message]], chat_id: str) -> SendResult:
-        """Run one REST call; discord.py's limiter waits out 429s up to max_ratelimit_timeout."""
+    async def _request(self, call: Callable[[], Awaitable[discord.Message | None]], chat_id: str,
+                       message_id: str | None = None) -> SendResult:
+        """Run one REST call (``message_id``: the message it is about, when it answers none); discord.py's limiter
+        waits out 429s up to max_ratelimit_timeout."""
         try:
             message = await asyncio.wait_for(call(), self._request_timeout)
         except discord.RateLimited as exc:  # the wait would exceed max_ratelimit_timeout: the outbox waits
@@ -694,7 +729,7 @@ class DiscordAdapter(BasePlatformAdapter):
             return self._http_failure(exc, chat_id)
         except _NETWORK_ERRORS as exc:
             return SendResult(success=False, error=f"discord: network error: {exc!r}", retryable=True)
-        return SendResult(success=True, message_id=str(message.id))
+        return SendResult(success=True, message_id=str(message.id) if message is not None else message_id)
 
     @staticmethod
     def _http_failure(exc: discord.HTTPException, chat_id: str) -> SendResult:

@@ -60,6 +60,11 @@ _AUTH_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "tok
                           "not_allowed_token_type"})
 _RETRYABLE_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable",
                                "request_timeout"})
+# Answers meaning a method will not work for this app until it is reconfigured (a scope, the assistant feature):
+# the adapter stops calling it for the rest of the process.
+_UNAVAILABLE_ERRORS = frozenset({"missing_scope", "not_allowed", "not_allowed_token_type", "unknown_method",
+                                 "method_deprecated", "no_permission"})
+THINKING_STATUS = "is thinking…"
 # Message subtypes that are still a person writing; every other subtype (edits, deletions, joins,
 # bot_message ...) is not a new message for the assistant.
 _USER_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
@@ -78,6 +83,7 @@ class SlackSettings:
     slash_command: str = "/hermes"
     reply_in_thread: bool = True
     ping_interval: float = 10.0
+    assistant_status: bool = True
 
 
 class SlackStartupError(RuntimeError):
@@ -92,6 +98,7 @@ class SlackAdapter(BasePlatformAdapter):
     length_fn = mrkdwn_length
     can_edit = True
     can_delete = True
+    can_react = True
 
     def __init__(self, settings: SlackSettings) -> None:
         super().__init__()
@@ -103,6 +110,7 @@ class SlackAdapter(BasePlatformAdapter):
         self._sender: AsyncWebClient | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._threads: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._unavailable: dict[str, str] = {}  # method -> the error that made the adapter stop calling it
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -376,6 +384,53 @@ class SlackAdapter(BasePlatformAdapter):
                              metadata: Mapping[str, str] | None = None) -> SendResult:
         """chat.delete of a message the bot posted (``message_id`` is its ``ts``)."""
         return await self._call(chat_id, lambda c: c.chat_delete(channel=chat_id, ts=message_id))
+
+    async def send_typing(self, chat_id: str, metadata: Mapping[str, str] | None = None) -> None:
+        """Slack shows bots no typing: in a thread, the AI-assistant status ("<app> is thinking…") when
+        ``assistant_status`` allows; elsewhere, or once Slack refused it for this app, nothing. Slack clears the
+        status when the app posts in the thread."""
+        thread = (metadata or {}).get("thread_id")
+        if not self.settings.assistant_status or not thread:
+            return
+        await self._optional(chat_id, "assistant.threads.setStatus", lambda c: c.assistant_threads_setStatus(
+            channel_id=chat_id, thread_ts=thread, status=THINKING_STATUS))
+
+    async def set_reaction(self, chat_id: str, message_id: str, emoji: str | None, previous: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """reactions.add of ``emoji`` (a name), then reactions.remove of ``previous`` (Slack keeps every reaction).
+        Once Slack refused reactions for this app (no reactions:write scope), nothing is called any more."""
+        if emoji and (error := await self._optional(chat_id, "reactions.add", lambda c: c.reactions_add(
+                channel=chat_id, timestamp=message_id, name=emoji))) not in (None, "already_reacted"):
+            return SendResult(success=False, error=f"slack: reactions.add: {error}")
+        if previous and previous != emoji and (error := await self._optional(
+                chat_id, "reactions.remove", lambda c: c.reactions_remove(
+                    channel=chat_id, timestamp=message_id, name=previous))) not in (None, "no_reaction"):
+            return SendResult(success=False, error=f"slack: reactions.remove: {error}")
+        return SendResult(success=True, message_id=message_id)
+
+    async def _optional(self, chat_id: str, method: str,
+                        request: Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]]) -> str | None:
+        """A call that is nice to have: its error code (None: it worked). An answer meaning the app may not call
+        ``method`` stops further calls of it (logged once); any other failure only costs this one."""
+        client = self._sender
+        if method in self._unavailable:
+            return self._unavailable[method]
+        if client is None:
+            return "not connected"
+        try:
+            await request(client)
+        except SlackApiError as exc:
+            error = _error_code(exc)
+            if error in _UNAVAILABLE_ERRORS:
+                self._unavailable[method] = error
+                logger.info("slack: %s is not available to this app (%s); not calling it again", method, error)
+            else:
+                logger.debug("slack: %s in %s failed: %s", method, chat_id, error)
+            return error
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            logger.debug("slack: %s in %s failed: %r", method, chat_id, exc)
+            return "connection error"
+        return None
 
     async def _call(self, chat_id: str, request: Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]]
                     ) -> SendResult:

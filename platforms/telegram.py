@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import httpx
 from aiohttp import web
-from telegram import LinkPreviewOptions, Message, MessageEntity, ReplyParameters, Update
+from telegram import LinkPreviewOptions, Message, MessageEntity, ReactionTypeEmoji, ReplyParameters, Update
 from telegram.constants import ChatAction, ChatType, ParseMode
 from telegram.error import (
     BadRequest,
@@ -186,6 +186,7 @@ class TelegramAdapter(BasePlatformAdapter):
     length_fn = utf16_len
     can_edit = True
     can_delete = True
+    can_react = True
 
     def __init__(self, settings: TelegramSettings) -> None:
         super().__init__()
@@ -556,6 +557,18 @@ class TelegramAdapter(BasePlatformAdapter):
             await self._app.bot.send_chat_action(_chat_ref(chat_id), ChatAction.TYPING, **_thread_kwargs(metadata))
         except TelegramError as exc:
             logger.debug("telegram: sendChatAction to %s failed: %s", chat_id, exc.message)
+
+    async def set_reaction(self, chat_id: str, message_id: str, emoji: str | None, previous: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """setMessageReaction: a bot has one reaction per message, so setting one replaces the last (no ``previous``
+        needed); None sets none."""
+        reaction = [ReactionTypeEmoji(emoji)] if emoji else []
+        try:
+            await self._app.bot.set_message_reaction(_chat_ref(chat_id), int(message_id), reaction)
+        except TelegramError as exc:
+            logger.info("telegram: setMessageReaction in %s failed: %s", chat_id, exc.message)
+            return _send_failure(exc)
+        return SendResult(True, message_id=message_id)
 
     async def _formatted(self, call: Callable[..., Awaitable[Any]], content: str, kwargs: dict[str, Any]) -> Any:
         """``call`` with the formatted text; formatting Telegram rejects is resent as plain text (what the

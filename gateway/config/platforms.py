@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -34,6 +34,7 @@ from gateway.config.base import (
 )
 from gateway.config.discovery import gateway_home
 from gateway.config.errors import _invalid, _Problem, _raise_if
+from platforms.reaction_rules import reaction_problem
 
 _DELIVERY_PLATFORMS = (*_CHAT_PLATFORMS, "callback")
 
@@ -164,17 +165,53 @@ ToolProgressMode = Literal["off", "new", "all", "verbose"]
 ToolProgressDone = Literal["collapse", "delete", "keep"]
 
 
+class ReactionEmoji(_Section):
+    """The bot's status reaction on a chat message, per state of its run (gateway/reactions.py)."""
+
+    received: str = Field(min_length=1)
+    working: str = Field(min_length=1)
+    done: str = Field(min_length=1)
+    failed: str = Field(min_length=1)
+    cancelled: str = ""
+    """Stopped with /stop; empty: the bot's reaction is removed."""
+
+
 class ChatPlatform(_Section):
     """What every chat platform shares: how a run's tool calls are shown while it works (gateway/tool_progress.py).
 
     ``tool_progress``: off, new (a line only when the tool differs from the previous one), all, or verbose (full
     arguments, still cut and redacted); ``tool_progress_delay``: seconds a run uses tools before the status message
     appears (a quick answer needs none); ``tool_progress_done``: what the status message becomes at the end.
+    ``reactions``: the bot's reaction on each chat message shows its run's state (``reaction_emoji``).
     """
 
     tool_progress: ToolProgressMode = "all"
     tool_progress_delay: float = Field(5.0, ge=0)
     tool_progress_done: ToolProgressDone = "collapse"
+    # On by default, as in the assistants people compare us with: a reaction tells at once that the message was
+    # seen (and, behind a busy run, that it waits), without a message of its own in the chat.
+    reactions: bool = True
+    reaction_emoji: ReactionEmoji  # the defaults are each platform's own (``_REACTION_DEFAULTS``)
+
+    _PLATFORM: ClassVar[str]
+    _REACTION_DEFAULTS: ClassVar[dict[str, str]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reaction_defaults(cls, data: Any) -> Any:
+        # Emoji left out keep the platform's default, so one state can be changed alone.
+        if isinstance(data, Mapping):
+            given = data.get("reaction_emoji")
+            if given is None or isinstance(given, Mapping):
+                data = {**data, "reaction_emoji": {**cls._REACTION_DEFAULTS, **(given or {})}}
+        return data
+
+    @model_validator(mode="after")
+    def _reactions_allowed(self) -> Self:
+        _raise_if([_Problem(("reaction_emoji", state), problem, "leave it out for the default")
+                   for state, emoji in self.reaction_emoji.model_dump().items()
+                   if emoji and (problem := reaction_problem(self._PLATFORM, emoji))])
+        return self
 
 
 class TelegramRateLimit(_Section):
@@ -192,6 +229,10 @@ def _check_telegram_path(value: str) -> str:
 
 class TelegramPlatform(ChatPlatform):
     """A Telegram bot through the Bot API, by long polling or a webhook on the gateway's HTTP server."""
+
+    _PLATFORM: ClassVar[str] = "telegram"
+    # Telegram lets a bot react with its fixed set only (platforms/reaction_rules.py).
+    _REACTION_DEFAULTS: ClassVar[dict[str, str]] = {"received": "👀", "working": "✍", "done": "👍", "failed": "😢"}
 
     enabled: bool = False
     token: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
@@ -274,6 +315,10 @@ _SlackSecret = Annotated[SecretStr | None, BeforeValidator(_empty_to_none)]
 class SlackPlatform(ChatPlatform):
     """A Slack app through slack-bolt: Socket Mode, or the HTTP Events API on the gateway's HTTP server."""
 
+    _PLATFORM: ClassVar[str] = "slack"
+    _REACTION_DEFAULTS: ClassVar[dict[str, str]] = {"received": "eyes", "working": "hourglass_flowing_sand",
+                                                    "done": "white_check_mark", "failed": "x"}
+
     enabled: bool = False
     mode: Literal["socket", "http"] = "socket"
     run_on: Literal["leader", "all"] = "leader"
@@ -287,6 +332,7 @@ class SlackPlatform(ChatPlatform):
     slash_command: Annotated[str, AfterValidator(_check_slack_command)] = "/hermes"
     reply_in_thread: bool = True
     ping_interval: float = Field(10.0, gt=0)
+    assistant_status: bool = True
 
     @model_validator(mode="after")
     def _http_receives_everywhere(self) -> Self:
@@ -356,6 +402,9 @@ def _discord_shards(run_on: str) -> list[int] | None:
 
 class DiscordPlatform(ChatPlatform):
     """A Discord bot through discord.py: the gateway websocket for events, REST for sends."""
+
+    _PLATFORM: ClassVar[str] = "discord"
+    _REACTION_DEFAULTS: ClassVar[dict[str, str]] = {"received": "👀", "working": "⏳", "done": "✅", "failed": "❌"}
 
     model_config = ConfigDict(coerce_numbers_to_str=True)  # ids are usually written unquoted
 

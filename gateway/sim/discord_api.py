@@ -34,6 +34,8 @@ from typing import Any, Literal, TypeVar
 import aiohttp
 from aiohttp import web
 
+from platforms.reaction_rules import DISCORD_CUSTOM_EMOJI, reaction_problem
+
 __all__ = [
     "ALICE_ID",
     "BOB_ID",
@@ -215,6 +217,11 @@ _ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
         ("GET", r"/channels/(?P<channel_id>\d+)/messages", "channel_messages"),
         ("POST", r"/channels/(?P<channel_id>\d+)/messages", "create_message"),
         ("PATCH", r"/channels/(?P<channel_id>\d+)/messages/(?P<message_id>\d+)", "edit_message"),
+        ("DELETE", r"/channels/(?P<channel_id>\d+)/messages/(?P<message_id>\d+)", "delete_message"),
+        ("PUT", r"/channels/(?P<channel_id>\d+)/messages/(?P<message_id>\d+)/reactions/(?P<emoji>[^/]+)/@me",
+         "add_reaction"),
+        ("DELETE", r"/channels/(?P<channel_id>\d+)/messages/(?P<message_id>\d+)/reactions/(?P<emoji>[^/]+)/@me",
+         "remove_own_reaction"),
         ("POST", r"/channels/(?P<channel_id>\d+)/typing", "typing"),
     )
 )
@@ -277,6 +284,8 @@ class DiscordSimulator:
         self._history: dict[int, list[int]] = defaultdict(list)  # channel id -> message ids in order
         self._bot_created: list[int] = []
         self._edits: list[tuple[int, str]] = []
+        self._deleted: list[int] = []
+        self._reactions: dict[int, list[str]] = defaultdict(list)  # message id -> the bot's emoji, in order
         self._nonces: dict[tuple[int, str], tuple[int, float]] = {}
         self._calls: list[RestCall] = []
         self._faults: dict[str, deque[_Fault]] = defaultdict(deque)
@@ -372,6 +381,15 @@ class DiscordSimulator:
     def edits(self) -> list[tuple[int, str]]:
         """(message id, new content) for every successful edit."""
         return list(self._edits)
+
+    @property
+    def deleted(self) -> list[int]:
+        """Ids of the messages the bot deleted, in order."""
+        return list(self._deleted)
+
+    def bot_reactions(self, message_id: int) -> list[str]:
+        """The emoji the bot reacts with on a message now."""
+        return list(self._reactions.get(message_id, []))
 
     def received(self, op: int | None = None) -> list[GatewayOp]:
         """Payloads clients sent on the gateway (all, or one opcode)."""
@@ -872,7 +890,8 @@ class DiscordSimulator:
             return await self._drop(request, call, applied=False)
         handler: _Handler = getattr(self, f"_rest_{route}")
         try:
-            status, result = await handler(call, **{k: int(v) for k, v in m.groupdict().items()})
+            status, result = await handler(call, **{k: v if k == "emoji" else int(v)
+                                                    for k, v in m.groupdict().items()})
         except _ApiError as exc:
             return self._finish(call, exc.status, exc.body)
         if fault is not None and fault.kind == "drop_after":
@@ -980,10 +999,7 @@ class DiscordSimulator:
         return 200, message
 
     async def _rest_edit_message(self, call: RestCall, channel_id: int, message_id: int) -> tuple[int, Any]:
-        channel = self._channel(channel_id)
-        message = self._messages.get(message_id)
-        if message is None or int(message["channel_id"]) != channel_id:
-            raise _ApiError(404, 10008, "Unknown Message")
+        channel, message = self._message_in(channel_id, message_id)
         if message["author"]["id"] != self.bot_user["id"]:
             raise _ApiError(403, 50005, "Cannot edit a message authored by another user")
         body = call.body if isinstance(call.body, dict) else {}
@@ -999,6 +1015,50 @@ class DiscordSimulator:
             event["guild_id"] = str(guild_id)
         self._dispatch("MESSAGE_UPDATE", event, guild_id)
         return 200, message
+
+    def _message_in(self, channel_id: int, message_id: int) -> tuple[JSON, JSON]:
+        channel = self._channel(channel_id)
+        message = self._messages.get(message_id)
+        if message is None or int(message["channel_id"]) != channel_id:
+            raise _ApiError(404, 10008, "Unknown Message")
+        return channel, message
+
+    async def _rest_delete_message(self, call: RestCall, channel_id: int, message_id: int) -> tuple[int, Any]:
+        channel, message = self._message_in(channel_id, message_id)
+        if message["author"]["id"] != self.bot_user["id"]:  # the bot has no Manage Messages here
+            raise _ApiError(403, 50013, "Missing Permissions")
+        del self._messages[message_id]
+        self._history[channel_id].remove(message_id)
+        self._deleted.append(message_id)
+        guild_id = self._guild_of(channel)
+        event: JSON = {"id": str(message_id), "channel_id": str(channel_id)}
+        if guild_id is not None:
+            event["guild_id"] = str(guild_id)
+        self._dispatch("MESSAGE_DELETE", event, guild_id)
+        return 204, None
+
+    @staticmethod
+    def _emoji(raw: str) -> str:
+        """A reaction's emoji from the path: Unicode, or a custom ``name:id`` (none exist here: Unknown Emoji)."""
+        if DISCORD_CUSTOM_EMOJI.fullmatch(raw) or reaction_problem("discord", raw):
+            raise _ApiError(400, 10014, "Unknown Emoji")
+        return raw
+
+    async def _rest_add_reaction(self, call: RestCall, channel_id: int, message_id: int,
+                                 emoji: str) -> tuple[int, Any]:
+        self._message_in(channel_id, message_id)
+        emoji = self._emoji(emoji)
+        if emoji not in self._reactions[message_id]:
+            self._reactions[message_id].append(emoji)
+        return 204, None
+
+    async def _rest_remove_own_reaction(self, call: RestCall, channel_id: int, message_id: int,
+                                        emoji: str) -> tuple[int, Any]:
+        self._message_in(channel_id, message_id)
+        emoji = self._emoji(emoji)
+        if emoji in self._reactions[message_id]:  # removing a reaction that is not there is no error
+            self._reactions[message_id].remove(emoji)
+        return 204, None
 
     async def _rest_typing(self, call: RestCall, channel_id: int) -> tuple[int, Any]:
         self._channel(channel_id)

@@ -1,8 +1,9 @@
 """Slack simulator: the Web API, Socket Mode and signed Events API delivery, for tests and the offline demo.
 
 Point slack-sdk / slack-bolt at it with ``AsyncWebClient(token=sim.bot_token, base_url=sim.base_url)``.
-Web API methods (``auth.test``, ``chat.postMessage``, ``chat.update``, ``conversations.history``,
-``conversations.replies``, ``apps.connections.open``) take the
+Web API methods (``auth.test``, ``chat.postMessage``, ``chat.update``, ``chat.delete``, ``conversations.history``,
+``conversations.replies``, ``reactions.add``, ``reactions.remove``, ``assistant.threads.setStatus``,
+``apps.connections.open``) take the
 token as a Bearer header or a ``token`` parameter, and JSON, form or query bodies. ``apps.connections.open``
 returns a ``ws://`` URL to the simulator's Socket Mode endpoint, which says ``hello``, sends envelopes and
 tracks acks; an envelope whose socket dies before it is acked is redelivered (``retry_attempt`` + 1) on the
@@ -33,7 +34,10 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 from aiohttp import web
 
+from platforms.reaction_rules import SLACK_EMOJI_NAME
+
 __all__ = [
+    "BOT_SCOPES",
     "DEFAULT_APP_TOKEN",
     "DEFAULT_BOT_TOKEN",
     "DEFAULT_CHANNEL",
@@ -64,6 +68,11 @@ MAX_TEXT_LENGTH = 40_000
 HTTP_DELIVERY_TIMEOUT = 3.0
 
 _APP_TOKEN_METHODS = frozenset({"apps.connections.open"})
+# The OAuth scope a method needs beyond what every bot has; refused with missing_scope when not granted.
+_REQUIRED_SCOPES = {"reactions.add": "reactions:write", "reactions.remove": "reactions:write",
+                   "assistant.threads.setStatus": "assistant:write"}
+BOT_SCOPES = frozenset({"app_mentions:read", "channels:history", "chat:write", "commands", "groups:history",
+                        "im:history", "reactions:write", "assistant:write"})
 
 
 # --------------------------------------------------------------------------- records
@@ -108,6 +117,8 @@ class Message:
     t: float = field(default_factory=time.monotonic)
     metadata: JSON | None = None
     """Message metadata posted with it (``{"event_type", "event_payload"}``)."""
+    reactions: dict[str, list[str]] = field(default_factory=dict)
+    """Emoji name -> the users reacting with it, in order."""
 
     @property
     def final_text(self) -> str:
@@ -306,6 +317,8 @@ class SlackSimulator:
         self.echo_bot_messages = echo_bot_messages
         self.request_url: str | None = None
         """Set to an Events API URL to deliver by signed HTTP POST instead of Socket Mode."""
+        self.scopes: set[str] = set(BOT_SCOPES)
+        """The scopes the bot token was granted (remove one to see methods refused with missing_scope)."""
 
         self._handlers: dict[str, Callable[[ApiCall], JSON]] = {
             "auth.test": self._auth_test,
@@ -315,6 +328,9 @@ class SlackSimulator:
             "chat.delete": self._delete_message,
             "conversations.history": self._history,
             "conversations.replies": self._replies,
+            "reactions.add": self._add_reaction,
+            "reactions.remove": self._remove_reaction,
+            "assistant.threads.setStatus": self._set_assistant_status,
         }
         self._calls: list[ApiCall] = []
         self._messages: dict[tuple[str, str], Message] = {}
@@ -397,6 +413,11 @@ class SlackSimulator:
         return [m for m in self._messages.values()
                 if (channel is None or m.channel == channel) and (thread_ts is None or m.thread_ts == thread_ts)
                 and (bot is None or (m.user == self.bot_user_id) == bot)]
+
+    def bot_reactions(self, channel: str, ts: str) -> list[str]:
+        """The emoji names the bot reacts with on a message now."""
+        message = self._messages.get((channel, ts))
+        return [name for name, users in message.reactions.items() if self.bot_user_id in users] if message else []
 
     @property
     def deleted(self) -> list[Message]:
@@ -796,6 +817,9 @@ class SlackSimulator:
         if call.token != expected:
             known = call.token in (self.app_token, self.bot_token)
             return 200, {"ok": False, "error": "not_allowed_token_type" if known else "invalid_auth"}, {}
+        if (scope := _REQUIRED_SCOPES.get(call.method)) and scope not in self.scopes:
+            return 200, {"ok": False, "error": "missing_scope", "needed": scope,
+                         "provided": ",".join(sorted(self.scopes))}, {}
         try:
             return 200, {"ok": True, **handler(call)}, {}
         except _ApiError as exc:
@@ -865,6 +889,50 @@ class SlackSimulator:
         del self._messages[(channel, ts)]
         self._deleted.append(message)
         return {"channel": channel, "ts": ts}
+
+    def _reacted(self, call: ApiCall) -> tuple[Message, str]:
+        """The message (any author's) and the emoji name a reactions call names."""
+        p = call.params
+        channel, ts, name = str(p.get("channel") or ""), str(p.get("timestamp") or ""), str(p.get("name") or "")
+        if not channel or not ts:
+            raise _ApiError("no_item_specified")
+        if channel[:1] not in ("C", "G", "D"):
+            raise _ApiError("channel_not_found")
+        message = self._messages.get((channel, ts))
+        if message is None:
+            raise _ApiError("message_not_found")
+        if not SLACK_EMOJI_NAME.fullmatch(name):
+            raise _ApiError("invalid_name")
+        return message, name
+
+    def _add_reaction(self, call: ApiCall) -> JSON:
+        message, name = self._reacted(call)
+        users = message.reactions.setdefault(name, [])
+        if self.bot_user_id in users:
+            raise _ApiError("already_reacted")
+        users.append(self.bot_user_id)
+        return {}
+
+    def _remove_reaction(self, call: ApiCall) -> JSON:
+        message, name = self._reacted(call)
+        users = message.reactions.get(name, [])
+        if self.bot_user_id not in users:
+            raise _ApiError("no_reaction")
+        users.remove(self.bot_user_id)
+        if not users:
+            del message.reactions[name]
+        return {}
+
+    def _set_assistant_status(self, call: ApiCall) -> JSON:
+        p = call.params
+        channel, thread_ts = str(p.get("channel_id") or ""), str(p.get("thread_ts") or "")
+        if not channel or not thread_ts or "status" not in p:
+            raise _ApiError("invalid_arguments")
+        if channel[:1] not in ("C", "G", "D"):
+            raise _ApiError("channel_not_found")
+        if (channel, thread_ts) not in self._messages:
+            raise _ApiError("thread_not_found")
+        return {}
 
     def _listed(self, messages: list[Message], call: ApiCall) -> list[JSON]:
         with_metadata = _flag(call.params.get("include_all_metadata"))

@@ -25,6 +25,8 @@ from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, Unpack
 import aiohttp
 from aiohttp import web
 
+from platforms.reaction_rules import TELEGRAM_REACTION_EMOJI
+
 __all__ = [
     "ANONYMOUS_ADMIN_ID",
     "CHANNEL_BOT_ID",
@@ -87,7 +89,7 @@ _STRING_PARAMS = frozenset(
 # Object-valued parameters some clients send as JSON strings even inside a JSON body.
 _OBJECT_PARAMS = frozenset(
     {"reply_markup", "entities", "caption_entities", "reply_parameters", "link_preview_options",
-     "allowed_updates", "commands", "scope"}
+     "allowed_updates", "commands", "scope", "reaction"}
 )  # fmt: skip
 _SECRET_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _COMMAND_RE = re.compile(r"(?<![\w/])/[A-Za-z0-9_]{1,64}(?:@[A-Za-z0-9_]{3,32})?")
@@ -864,6 +866,7 @@ class TelegramSimulator:
             "getFile": self._get_file,
             "getChat": self._get_chat,
             "deleteMessage": self._delete_message,
+            "setMessageReaction": self._set_message_reaction,
             "answerCallbackQuery": self._answer_callback_query,
             "setMyCommands": self._set_my_commands,
             "getMyCommands": self._get_my_commands,
@@ -876,6 +879,8 @@ class TelegramSimulator:
         self._edits: list[Sent] = []
         self._chat_actions: list[Call] = []
         self._deleted: list[tuple[int, int]] = []
+        self._reactions: list[Call] = []
+        self._bot_reactions: dict[tuple[int, int], list[str]] = {}
         self._callback_answers: list[Call] = []
         self._deliveries: list[WebhookDelivery] = []
         self._downloads: list[str] = []
@@ -1020,6 +1025,19 @@ class TelegramSimulator:
     def deleted_messages(self) -> list[tuple[int, int]]:
         """(chat_id, message_id) pairs deleted by the bot."""
         return list(self._deleted)
+
+    def reaction_calls(self, chat_id: int | None = None) -> list[Call]:
+        """Successful setMessageReaction calls, in order."""
+        return [c for c in self._reactions
+                if chat_id is None or c.params.get("chat_id") in (chat_id, str(chat_id))]
+
+    def reactions_shown(self, chat_id: int | None = None) -> list[list[str]]:
+        """The emoji the bot's reaction showed after each successful setMessageReaction ([] = removed)."""
+        return [[r["emoji"] for r in c.params.get("reaction") or []] for c in self.reaction_calls(chat_id)]
+
+    def bot_reaction(self, chat_id: int, message_id: int) -> list[str]:
+        """The emoji the bot reacts with on a message now."""
+        return list(self._bot_reactions.get((chat_id, message_id), []))
 
     @property
     def callback_answers(self) -> list[Call]:
@@ -1824,6 +1842,29 @@ class TelegramSimulator:
         if self._messages.pop(key, None) is None:
             raise _ApiError(400, "Bad Request: message to delete not found")
         self._deleted.append(key)
+        return True
+
+    async def _set_message_reaction(self, call: Call) -> bool:
+        """A bot's reactions replace its previous ones; it may use Telegram's fixed emoji set only, one at a time
+        (no custom emoji, no paid reactions)."""
+        p = call.params
+        chat = self._resolve_chat(p)
+        if p.get("message_id") is None:
+            raise _ApiError(400, "Bad Request: message identifier is not specified")
+        key = (chat["id"], _as_int(p["message_id"], 0))
+        if key not in self._messages:
+            raise _ApiError(400, "Bad Request: message to react not found")
+        reaction = p.get("reaction", [])
+        if not isinstance(reaction, list):
+            raise _ApiError(400, "Bad Request: can't parse reaction types JSON object")
+        if len(reaction) > 1:
+            raise _ApiError(400, "Bad Request: REACTIONS_TOO_MANY")
+        for item in reaction:
+            if not (isinstance(item, dict) and item.get("type") == "emoji"
+                    and item.get("emoji") in TELEGRAM_REACTION_EMOJI):
+                raise _ApiError(400, "Bad Request: REACTION_INVALID")
+        self._bot_reactions[key] = [item["emoji"] for item in reaction]
+        self._reactions.append(call)
         return True
 
     async def _answer_callback_query(self, call: Call) -> bool:
