@@ -68,7 +68,7 @@ SCOPE: dict[str, Scope] = {
                                               "tests/platforms/test_webhook_signatures_mutants.py")),
     "gateway/store.py": Scope(
         ("tests/gateway/test_store.py", "tests/gateway/test_outbox.py", "tests/gateway/test_store_mutants.py"),
-        ("xǁStoreǁaccept", "xǁStoreǁstart_run", "xǁStoreǁfinish_run", "x__finish_run", "x__store_parts",
+        ("x_accept_event", "xǁStoreǁstart_run", "xǁStoreǁfinish_run", "x__finish_run", "x__store_parts",
          "x__outbox_values", "xǁStoreǁenqueue", "xǁStoreǁpending_outbox", "xǁStoreǁclaim_outbox",
          "xǁStoreǁexpire_claims", "xǁStoreǁabandon_claims", "xǁStoreǁmark_sent", "xǁStoreǁmark_retry",
          "xǁStoreǁmark_failed", "xǁStoreǁnext_run_event", "xǁStoreǁunfinished_inbox",

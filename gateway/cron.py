@@ -30,6 +30,7 @@ from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.router import parse_target
 from gateway.runs import RunJob, Target
+from gateway.session_settings import SettingsStore
 from gateway.store import OutboxPart, RunCompletion, Store
 from gateway.tool_state import LoopBridge
 from platforms.base import Accepted, BasePlatformAdapter, MessageEvent, OnMessage
@@ -119,6 +120,7 @@ class CronService:
         self.settings = cfg.cron
         self.store = store
         self.jobs = CronStore(store)
+        self.homes = SettingsStore(store)
         self.outbox = outbox
         self.adapters = adapters
         self.metrics = metrics
@@ -208,16 +210,25 @@ class CronService:
     def _count(self, state: str) -> int:
         return sum(j.state == state for j in self._cache.values())
 
-    def _target(self, job: CronJob) -> Target:
+    async def _owner_home(self, job: CronJob) -> Target:
+        """The owner's home channel (``/sethome``) while its platform runs here, else the job's chat."""
+        home = await self.homes.home(job.owner)
+        if home is not None and home.platform in self.adapters:
+            return Target(home.platform, home.chat_id, home.thread_id)
+        return Target(job.origin_platform, job.origin_chat_id, job.origin_thread_id)
+
+    async def _target(self, job: CronJob) -> Target:
         if job.deliver == "origin":
             return Target(job.origin_platform, job.origin_chat_id, job.origin_thread_id)
+        if job.deliver == "home":
+            return await self._owner_home(job)
         target = parse_target(job.deliver)
         assert target is not None  # validated when the job was saved
         return target
 
     async def _claim(self, job: CronJob, scheduled_for: datetime, trigger: str) -> Accepted | None:
         """Offer one fire to the inbox; the dedupe key makes a repeated offer a no-op."""
-        target = self._target(job)
+        target = await self._target(job)
         meta = {"job_id": job.id, "scheduled_for": _iso(scheduled_for), "target_platform": target.platform,
                 "target_chat_id": target.chat_id}
         if target.thread_id:
@@ -360,9 +371,9 @@ class CronService:
         text = (f"Scheduled job {job.id} ({job.name or job.prompt[:60]}) is paused: its last "
                 f"{job.consecutive_failures} runs failed. Last error: {reason[:300]}\n"
                 f"Resume it with /cron resume {job.id} once the problem is fixed.")
-        stored = await self.store.enqueue([OutboxPart(f"cron:paused:{job.id}:{run_id}", job.origin_platform,
-                                                      job.origin_chat_id, text, job.origin_thread_id)],
-                                          claim=self.outbox.claim)
+        to = await self._owner_home(job)
+        stored = await self.store.enqueue([OutboxPart(f"cron:paused:{job.id}:{run_id}", to.platform, to.chat_id,
+                                                      text, to.thread_id)], claim=self.outbox.claim)
         self.outbox.submit(stored or [])
         logger.warning("cron job %s paused after %d consecutive failures", job.id, job.consecutive_failures)
 
@@ -373,12 +384,12 @@ class CronService:
         if len(times) == 2 and (times[1] - times[0]).total_seconds() < self.settings.min_interval_seconds:
             raise CronError(f"That schedule runs more often than every {self.settings.min_interval_seconds} "
                             "seconds, the shortest interval allowed here.")
-        if job.deliver == "origin":
+        if job.deliver in ("origin", "home"):
             return
         target = parse_target(job.deliver) if ":" in job.deliver else None
         if target is None or not target.chat_id:
-            raise CronError(f"Invalid deliver {job.deliver!r}: use 'origin', <platform>:<chat_id>[:<thread_id>] "
-                            "or callback:<name>.")
+            raise CronError(f"Invalid deliver {job.deliver!r}: use 'origin', 'home', "
+                            "<platform>:<chat_id>[:<thread_id>] or callback:<name>.")
         if actor is not None and (target.platform, target.chat_id) != (job.origin_platform, job.origin_chat_id):
             raise CronError("Only admins may deliver to another chat; leave 'deliver' unset to post here.")
         if target.platform == "callback" and target.chat_id not in self.cfg.platforms.callback.targets:

@@ -13,14 +13,26 @@ replica died, or they arrived while another replica was finishing the session).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Coroutine, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy.engine import Connection
+
 from gateway.auth import SIGNED_PLATFORMS, Authorizer, Decision
-from gateway.commands import CommandContext, CronControl, McpControl, for_another_bot, parse_command, run_command
+from gateway.commands import (
+    COMMANDS,
+    CommandContext,
+    CronControl,
+    McpControl,
+    for_another_bot,
+    parse_command,
+    run_command,
+)
 from gateway.config import Config
 from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.limits import InboundLimiter
@@ -28,9 +40,11 @@ from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.pairing import PairingStore, approve_command, format_code, notify_approved
 from gateway.runs import RunExecutor, RunJob, Target
-from gateway.session import SessionLanes, session_key
+from gateway.session import SessionLanes, background_session_key, session_key
 from gateway.session_settings import SettingsStore
-from gateway.store import InboxRow, NewRun, OutboxPart, Store
+from gateway.session_summary import PreparedHistory
+from gateway.steering import SteerBox, Steered
+from gateway.store import Acceptance, InboxRow, NewRun, OutboxPart, Store, accept_event
 from platforms.base import Accepted, BasePlatformAdapter, GatewayClosing, MessageEvent, SessionSource, split_message
 from toolsets import toolset_for_platform
 
@@ -87,6 +101,7 @@ class Router:
         self.closing = False
         self.started_at = time.monotonic()
         self._running: dict[str, str] = {}  # session key -> run id
+        self._steering: dict[str, SteerBox[RunJob]] = {}  # session key -> where messages for its chat run wait
         self.cron: CronControl | None = None  # set by the gateway once its scheduler runs
         self.mcp: McpControl | None = None  # set by the gateway
 
@@ -149,7 +164,9 @@ class Router:
             key = self._session_of(event)
             acc = await self.store.accept(event.dedupe_key, event.platform, "command", key,
                                           {"event": event.to_dict()})
-            if not acc.duplicate:
+            if not acc.duplicate and COMMANDS[command.name].slow:  # it calls the model: acknowledge the event first
+                self._spawn(self._command_once(acc.inbox_id, key, event))
+            elif not acc.duplicate:
                 await self._command_once(acc.inbox_id, key, event)
         else:
             run_id = uuid.uuid4().hex
@@ -169,8 +186,9 @@ class Router:
             if slots is not None and acc.duplicate:
                 slots.release()  # no run to hand them to
             if not acc.duplicate:
-                self._submit(RunJob(acc.inbox_id, run_id, run.kind, run.source, key, event, run.toolsets,
-                                    Target.from_dict(payload["target"]), payload["history"], slots))
+                self.executor.reactions.received(run.kind, event)
+                await self._dispatch(RunJob(acc.inbox_id, run_id, run.kind, run.source, key, event, run.toolsets,
+                                            Target.from_dict(payload["target"]), payload["history"], slots))
         self.metrics.events.labels(event.platform, "duplicate" if acc.duplicate else "accepted").inc()
         return Accepted(acc.run_id, acc.duplicate)
 
@@ -198,17 +216,39 @@ class Router:
             self.outbox.submit(await notify_approved(self.store, result.code) or [])
         return result.message
 
-    def _submit(self, job: RunJob, *, started_before: bool = False) -> None:
-        """Queue a run on its session. ``started_before``: a run picked up after a stop (it may be given up)."""
-        interrupt = self.cfg.gateway.busy == "interrupt" and job.kind == "chat"
+    async def _dispatch(self, job: RunJob) -> None:
+        """Start a newly accepted run. A chat message whose session has a run going (here, or perhaps on another
+        replica) does what the session's busy mode says: queue behind it, interrupt it, or steer it."""
+        busy = job.kind == "chat" and (not self.coordinator.sole or self.lanes.is_busy(job.session_key))
+        mode = await self.busy_mode(job.session_key) if busy else "queue"
+        if mode == "steer" and self._steer(job):
+            return
+        self._submit(job, interrupt=mode == "interrupt")
+
+    async def busy_mode(self, session_key: str) -> str:
+        """What a message does while the session's run goes on: its ``/busy`` choice, else ``gateway.busy``."""
+        return (await self.settings.session(session_key)).busy or self.cfg.gateway.busy
+
+    def _steer(self, job: RunJob) -> bool:
+        """Hand a chat message to its session's run going on here (gateway/steering.py); False when there is
+        none taking messages, or when earlier messages wait for the session (they go first)."""
+        box = self._steering.get(job.session_key)
+        if box is None or self.lanes.queued(job.session_key):
+            return False
+        return box.offer(Steered(job.event.text, job.inbox_id, job.run_id), job)
+
+    def _submit(self, job: RunJob, *, started_before: bool = False, interrupt: bool = False,
+                first: bool = False) -> None:
+        """Queue a run on its session (``first``: ahead of what waits). ``started_before``: a run picked up after
+        a stop (it may be given up). ``interrupt``: stop the session's running run first."""
         stopped_here = interrupt and self._stop_here(job.session_key)
         if interrupt and not stopped_here and not self.coordinator.sole:  # it may run on another replica
             self._spawn(self.coordinator.request_stop(f"session:{job.session_key}"))
-        if not self.coordinator.sole:
-            self._drive_soon(job.session_key, job if job.kind == "webhook" else None)  # webhook: its own session
+        if not self.coordinator.sole:  # a webhook or background run is its session's only event: run it as is
+            self._drive_soon(job.session_key, job if job.kind in ("webhook", "background") else None)
             return
 
-        self.lanes.submit(job.session_key, lambda: self._run_job(job.session_key, job, started_before))
+        self.lanes.submit(job.session_key, lambda: self._run_job(job.session_key, job, started_before), first=first)
 
     async def resume(self) -> int:
         """Re-queue every accepted event that did not finish (after a crash or restart); with a shared
@@ -281,10 +321,19 @@ class Router:
         if started_before and await self.executor.give_up_if_exhausted(job):
             return
         self._running[key] = job.run_id
+        if job.kind == "chat":
+            job.steering = self._steering[key] = SteerBox()
         try:
             await self.executor.execute(job)
         finally:
             self._running.pop(key, None)
+            if job.steering is not None:
+                del self._steering[key]
+                # Messages that came too late for the run's model calls run next, in order; when the gateway is
+                # shutting down they stay pending in the inbox and resume on its next start.
+                for later in reversed(job.steering.close()):
+                    if not self.lanes.closed:
+                        self._submit(later, first=True)
 
     async def _command_once(self, inbox_id: int, key: str, event: MessageEvent) -> None:
         """Handle a command; with a shared database, only where its event's lock is held."""
@@ -327,34 +376,100 @@ class Router:
             self.lanes.cancel_current(key)
 
     async def stop_sweeping(self) -> None:
-        """Stop looking for unattended events and asking other replicas to stop work (shutdown)."""
+        """Stop looking for unattended events, asking other replicas to stop work and showing status reactions
+        not shown yet (shutdown)."""
         tasks = [t for t in (self._sweeper, *self._background) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.executor.reactions.close()
 
     # -- commands --------------------------------------------------------
 
     async def _handle_command(self, inbox_id: int, key: str, event: MessageEvent) -> None:
         cmd = parse_command(event.text, self._bot_username(event.platform))
         assert cmd is not None
+        ctx = CommandContext(event, key, cmd.args, self)
         try:
-            reply = await run_command(cmd, CommandContext(event, key, cmd.args, self))
+            reply = await run_command(cmd, ctx)
         except Exception:
             logger.exception("command /%s failed", cmd.name)
             reply = f"/{cmd.name} failed; the error was logged."
+            ctx.effects.clear()
+            ctx.after.clear()
         adapter = self.adapters.get(event.platform)
         limit, length = (adapter.max_message_length, adapter.length_fn) if adapter else (4000, len)
         parts = split_message(reply, limit, length)
         stored = await self.store.enqueue([
             OutboxPart(f"cmd:{event.dedupe_key}:{i}", event.platform, event.chat_id, text, event.thread_id,
                        event.message_id if i == 0 else None, part_index=i, parts_total=len(parts))
-            for i, text in enumerate(parts)], inbox_id=inbox_id, claim=self.outbox.claim)
+            for i, text in enumerate(parts)], inbox_id=inbox_id, claim=self.outbox.claim, effects=ctx.effects)
         self.outbox.submit(stored or [])
+        for then in ctx.after:
+            then()
 
-    async def reset_session(self, session_key: str) -> None:
-        """``/new``: forget the conversation."""
-        await self.store.reset_session(session_key)
+    def model_for(self, choice: str | None) -> str:
+        """The model a session with this ``/model`` choice uses."""
+        return self.executor.model_for(choice)
+
+    async def session_busy(self, session_key: str) -> bool:
+        """Whether the session has a message whose run has not finished (running or waiting, on any replica):
+        once a run's completion is stored, its exchange is in the history."""
+        return await self.store.next_run_event(session_key) is not None
+
+    async def compress_session(self, session_key: str, event: MessageEvent) -> PreparedHistory | None:
+        """``/compress``: summarise the session's older turns now (None when compression is off)."""
+        compressor = self.executor.compressor
+        if compressor is None:
+            return None
+        epoch = await self.store.session_epoch(session_key, event.platform, event.chat_id, event.user_id,
+                                               event.thread_id)
+        model = (await self.settings.session(session_key)).model
+        return await compressor.history(session_key, epoch, 0, force=True, model=self.executor.model_for(model))
+
+    def retry(self, ctx: CommandContext, text: str) -> None:
+        """``/retry``: accept ``text`` as a new message of the command's chat in the command's transaction (a
+        replayed command finds it accepted), and start its run once that is stored."""
+        event = dataclasses.replace(ctx.event, event_id=f"retry:{ctx.event.event_id}", text=text,
+                                    received_at=datetime.now(UTC))
+        run_id = uuid.uuid4().hex
+        run, payload = self._new_run(event, run_id)
+        accepted: list[Acceptance] = []
+        ctx.effects.append(lambda conn: accepted.append(accept_event(
+            conn, dedupe_key=event.dedupe_key, platform=event.platform, kind=run.kind, session_key=ctx.session_key,
+            payload=payload, run=run)))
+
+        def start() -> None:
+            if accepted and not accepted[0].duplicate:
+                self._submit(RunJob(accepted[0].inbox_id, run_id, run.kind, run.source, ctx.session_key, event,
+                                    run.toolsets, Target.from_dict(payload["target"]), payload["history"]))
+        ctx.after.append(start)
+
+    def start_background(self, ctx: CommandContext, prompt: str) -> str:
+        """``/background``: accept ``prompt`` as a detached run of the command's chat, in the command's transaction,
+        and start it once that is stored; the task's id. Like Hermes Agent, it runs in a session of its own (no
+        history, nothing added to the chat's), so the chat goes on meanwhile; its answer replies to the command."""
+        event = dataclasses.replace(ctx.event, event_id=f"background:{ctx.event.event_id}", text=prompt,
+                                    received_at=datetime.now(UTC))
+        run_id = uuid.uuid4().hex
+        task, key = run_id[:6], background_session_key(ctx.session_key, run_id[:6])
+        toolsets = toolset_for_platform(event.platform, self.cfg.toolsets)
+        target = Target(event.platform, event.chat_id, event.thread_id, event.message_id)
+        run = NewRun(run_id, "background", task, toolsets, prompt, f"{event.platform}:{event.chat_id}")
+        payload = {"event": event.to_dict(), "kind": run.kind, "source": task, "toolsets": toolsets,
+                   "target": target.to_dict(), "history": False}
+        accepted: list[Acceptance] = []  # the last attempt's, should the transaction be tried again
+
+        def accept(conn: Connection) -> None:
+            accepted[:] = [accept_event(conn, dedupe_key=event.dedupe_key, platform=event.platform, kind=run.kind,
+                                        session_key=key, payload=payload, run=run)]
+
+        def start() -> None:
+            if accepted and not accepted[0].duplicate:
+                self._submit(RunJob(accepted[0].inbox_id, run_id, run.kind, task, key, event, toolsets, target, False))
+        ctx.effects.append(accept)
+        ctx.after.append(start)
+        return task
 
     async def stop_session(self, session_key: str) -> bool:
         """``/stop``: cancel the session's running run, here or on the replica that runs it; or, when its
@@ -387,7 +502,7 @@ class Router:
 
     def session_status(self, session_key: str) -> dict[str, object]:
         """Data for ``/status``."""
-        return {"model": self.cfg.model.name, "busy": self.lanes.is_busy(session_key),
+        return {"busy": self.lanes.is_busy(session_key),
                 "queued": self.lanes.queued(session_key),
                 "uptime": _format_uptime(time.monotonic() - self.started_at)}
 

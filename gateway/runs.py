@@ -26,9 +26,12 @@ from gateway.memory_prompt import memory_section
 from gateway.metrics import Metrics
 from gateway.model_errors import ModelError
 from gateway.outbox import OutboxSender
-from gateway.session_settings import SettingsStore
+from gateway.reactions import Reactions
+from gateway.session_reset import ResetPolicy
+from gateway.session_settings import SessionSettings, SettingsStore
 from gateway.session_summary import ContextCompressor, PreparedHistory
-from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, SessionRef, Store
+from gateway.steering import SteerBox
+from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, RunUsage, SessionRef, Store
 from gateway.tool_progress import start_progress, stop_progress
 from platforms.base import BasePlatformAdapter, MessageEvent, split_message
 
@@ -77,6 +80,8 @@ class RunJob:
     history: bool
     slots: HeldSlots | None = None
     """Set when the run was started as it was accepted, with these slots already taken for it."""
+    steering: SteerBox[RunJob] | None = None
+    """Where messages steered into this run wait (gateway/steering.py); None: it takes none."""
 
 
 @dataclass(slots=True)
@@ -188,6 +193,8 @@ class RunExecutor:
         self.cron_hook: CronHook | None = None  # set by the gateway when its scheduler runs
         self.settings = SettingsStore(store)
         self.compressor = ContextCompressor(cfg.model, store, agent) if cfg.model.context_tokens else None
+        self.resets = ResetPolicy.from_config(cfg)
+        self.reactions = Reactions(cfg, adapters)
 
     def plan_for(self, toolsets: list[str]) -> model_tools.ToolPlan:
         """The tool plan for a run using ``toolsets``."""
@@ -244,8 +251,12 @@ class RunExecutor:
         self.metrics.runs.labels(kind, "cancelled").inc()
         return True
 
-    async def _messages(self, job: RunJob, context: RunContext, user_key: str,
-                        budget: RunBudget) -> tuple[list[dict[str, Any]], PreparedHistory]:
+    def model_for(self, choice: str | None) -> str:
+        """The model a session's runs use: its ``/model`` choice while the configuration still allows it."""
+        return choice if choice is not None and choice in self.cfg.model.allowed else self.cfg.model.name
+
+    async def _messages(self, job: RunJob, context: RunContext, user_key: str, budget: RunBudget,
+                        model: str) -> tuple[list[dict[str, Any]], PreparedHistory]:
         """The run's first request: the system prompt (with the user's memory notes; a webhook run has no chat
         user), the session's history (compressed when it must be, the model calls that took charged to
         ``budget``), the user's message."""
@@ -259,7 +270,7 @@ class RunExecutor:
                                                                            self.cfg.model.history_tokens)])
         else:
             fixed = message_tokens(head) + message_tokens(user)
-            history = await self.compressor.history(job.session_key, context.epoch, fixed)
+            history = await self.compressor.history(job.session_key, context.epoch, fixed, model=model)
             if history.model_calls:
                 budget.charge_model(history.tokens)  # past its budget, the run stops after its first model call
         return [head.to_openai(), *history.messages, user.to_openai()], history
@@ -285,10 +296,12 @@ class RunExecutor:
         # With compression on, the history is read after the session's summary (ContextCompressor), not here.
         history_limit = self.cfg.model.history_messages if self.compressor is None else 0
         context = (RunContext(None, []) if job.slots is not None
-                   else await self.store.start_run(job.run_id, job.inbox_id, session, history_limit))
+                   else await self.store.start_run(job.run_id, job.inbox_id, session, history_limit,
+                                                   self.resets.reason if self.resets is not None else None))
         if context is None:
             logger.info("run %s already finished; not running it again", job.run_id)
             return
+        chosen = await self.settings.session(job.session_key) if job.kind == "chat" else SessionSettings()
         started = time.perf_counter()
         self.metrics.runs_in_flight.labels(job.kind).inc()
         cancel = self._cancel[job.run_id] = threading.Event()
@@ -296,10 +309,11 @@ class RunExecutor:
         preview = None
         if (adapter is not None and job.kind == "chat" and adapter.can_edit and self.cfg.model.stream):
             preview = _StreamPreview(adapter, job.target, self.cfg.gateway.stream_edit_interval)
-        progress = (start_progress(self.cfg, job.run_id, adapter, job.target)
+        progress = (start_progress(self.cfg, job.run_id, adapter, job.target, chosen.verbose)
                     if adapter is not None and job.kind == "chat" else None)
         typing = (asyncio.create_task(self._typing(adapter, job.target))
                   if adapter is not None and job.kind == "chat" else None)
+        self.reactions.working(job.kind, job.target)
         done = RunCompletion(job.run_id, job.inbox_id, status="completed", session_key=job.session_key,
                              epoch=context.epoch)
         try:
@@ -310,16 +324,21 @@ class RunExecutor:
                         "platform": e.platform, "chat_id": e.chat_id, "thread_id": e.thread_id,
                         "is_admin": f"{e.platform}:{e.user_id}" in self.cfg.auth.admins, "run_id": job.run_id,
                         "workspace": str(self.cfg.gateway.workspace)}
-            user_key = tool_ctx["user_key"] if job.kind == "chat" else None
+            user_key = tool_ctx["user_key"] if job.kind in ("chat", "background") else None
             budget = RunBudget(self.cfg.limits.run_max_tool_calls, self.cfg.limits.run_max_tokens, user_key,
                                self.user_budgets)
             refusal = self.user_budgets.exceeded(user_key) if user_key else None
             try:
                 if refusal is not None:
                     raise ModelError(refusal, "user budget exceeded")
-                messages, history = await self._messages(job, context, tool_ctx["user_key"], budget)
+                model = self.model_for(chosen.model)
+                # Every model call's reported tokens, stored with the run's end whatever it is (a webhook has no user).
+                usage = done.usage = RunUsage(job.kind, None if job.kind == "webhook" else tool_ctx["user_key"], model)
+                messages, history = await self._messages(job, context, tool_ctx["user_key"], budget, model)
+                usage.add(history.prompt_tokens, history.tokens - history.prompt_tokens)
                 outcome = await self.agent.run(messages, plan, tool_ctx, on_text=preview.update if preview else None,
-                                               cancel=cancel, budget=budget)
+                                               cancel=cancel, budget=budget, model=model, usage=usage,
+                                               steer=job.steering.take if job.steering is not None else None)
                 await self._record_usage(job, context, outcome.prompt_tokens)
                 # The answer is delivered and the transcript stored (and shown to the model again): neither may
                 # carry a secret the model (or the user) echoed, plain or encoded.
@@ -357,13 +376,18 @@ class RunExecutor:
             self.metrics.runs_in_flight.labels(job.kind).dec()
             self._cancel.pop(job.run_id, None)
         self._stop_requested.discard(job.run_id)
+        if job.steering is not None:
+            done.steered = list(job.steering.taken)
         deliver = done.result is not None and job.target is not None
         if deliver and job.kind == "cron" and self.cron_hook is not None:
             deliver = await self.cron_hook.should_deliver(job, done)
         if deliver and done.result is not None:
             # Measuring rendered Markdown costs milliseconds per try: a long answer is split off the event loop.
-            parts = functools.partial(self._parts, job, done.result, preview.message_id if preview else None)
-            done.deliveries = await asyncio.to_thread(parts) if len(done.result) > LONG_ANSWER else parts()
+            text = done.result
+            if context.reset is not None and self.resets is not None:  # said once: this run is the reset's
+                text = f"{self.resets.notice(context.reset)}\n\n{text}"
+            parts = functools.partial(self._parts, job, text, preview.message_id if preview else None)
+            done.deliveries = await asyncio.to_thread(parts) if len(text) > LONG_ANSWER else parts()
         stored = await self.store.finish_run(done, self.outbox.claim)
         if stored is not None:
             self.outbox.submit(stored)
@@ -371,8 +395,11 @@ class RunExecutor:
             self.metrics.run_latency.labels(job.kind).observe(time.perf_counter() - started)
             if job.kind == "cron" and self.cron_hook is not None:
                 await self.cron_hook.run_finished(job, done, deliver)
+            await self.reactions.finished(job.kind, job.target, done.status)
 
     def _parts(self, job: RunJob, text: str, preview_id: str | None) -> list[OutboxPart]:
+        if job.kind == "background":  # the chat goes on meanwhile: say which task this answers
+            text = f"Background task {job.source}: {text}"
         target = job.target
         assert target is not None
         adapter = self.adapters.get(target.platform)

@@ -43,6 +43,12 @@ def _upsert(conn: Connection, table: sa.Table, key_column: str, key: str, values
                      {key_column: key, **values, "updated_at": now})
 
 
+def clear_title(conn: Connection, key: str) -> None:
+    """Forget the session's title (its conversation starts over with ``/new``)."""
+    conn.execute(session_settings_t.update().where(session_settings_t.c.session_key == key)
+                 .values(title=None, updated_at=time.time()))
+
+
 class SettingsStore:
     """Session and user settings on the gateway's database."""
 

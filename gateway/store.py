@@ -8,6 +8,7 @@ unix seconds. Every method that changes state commits before it returns.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -25,9 +26,11 @@ from gateway.schema import (
     messages_t,
     migrate,
     outbox_t,
+    run_usage_t,
     runs_t,
     sessions_t,
 )
+from gateway.steering import Steered
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +192,26 @@ class RunCompletion:
     transcript: list[ChatMessage] = field(default_factory=list)
     deliveries: list[OutboxPart] = field(default_factory=list)
     ended_by: str | None = None
+    usage: RunUsage | None = None
+    steered: list[Steered] = field(default_factory=list)
+    """Messages steered into the run (gateway/steering.py): their inbox events and runs end with it."""
+
+
+@dataclass(slots=True)
+class RunUsage:
+    """The tokens a run's model calls used, as the model server reported them, and the model it asked (the
+    ``run_usage`` row written with the run's completion); ``user_key`` is None for a webhook run."""
+
+    kind: str
+    user_key: str | None
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Count one model call's reported usage."""
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
 
 
 def dumps(value: Any) -> str:
@@ -206,6 +229,8 @@ _INBOX_BY_KEY = sa.select(inbox_t.c.id, inbox_t.c.run_id).where(inbox_t.c.dedupe
 _INBOX_STATUS = (inbox_t.update().where(inbox_t.c.id == sa.bindparam("b_id"))
                  .values(status=sa.bindparam("b_status"), updated_at=sa.bindparam("b_now")))
 _UNFINISHED = ("pending", "running")
+_INBOX_CLOSE = (inbox_t.update().where(inbox_t.c.id == sa.bindparam("b_id"), inbox_t.c.status.in_(_UNFINISHED))
+                .values(status="done", updated_at=sa.bindparam("b_now")))
 _INBOX_UNFINISHED = sa.select(inbox_t).where(inbox_t.c.status.in_(_UNFINISHED)).order_by(inbox_t.c.id)
 _INBOX_NEXT_RUN = (sa.select(inbox_t).where(inbox_t.c.session_key == sa.bindparam("b_key"),
                                             inbox_t.c.status.in_(_UNFINISHED), inbox_t.c.kind != "command")
@@ -235,6 +260,11 @@ _HISTORY = (sa.select(messages_t).where(messages_t.c.session_key == sa.bindparam
                                         messages_t.c.epoch == sa.bindparam("b_epoch"))
             .order_by(messages_t.c.id.desc()).limit(sa.bindparam("b_limit")))
 _MESSAGES_INSERT = messages_t.insert()
+_USAGE_INSERT = run_usage_t.insert()
+_LAST_USER = (sa.select(messages_t.c.id, messages_t.c.content)
+              .where(messages_t.c.session_key == sa.bindparam("b_key"), messages_t.c.epoch == sa.bindparam("b_epoch"),
+                     messages_t.c.role == "user")
+              .order_by(messages_t.c.id.desc()).limit(1))
 _OUTBOX_INSERT = outbox_t.insert().returning(*outbox_t.c, sort_by_parameter_order=True)
 _OUTBOX_PENDING = (sa.select(outbox_t).where(outbox_t.c.status == "pending").order_by(outbox_t.c.id)
                    .limit(sa.bindparam("b_limit")))
@@ -330,8 +360,60 @@ def _finish_run(conn: Connection, done: RunCompletion, now: float, claim: Claim 
         return None
     if done.inbox_id is not None:
         conn.execute(_INBOX_STATUS, {"b_id": done.inbox_id, "b_status": "done", "b_now": now})
+    if done.steered:  # each ends as the run that took it did, with nothing of its own to deliver
+        conn.execute(_RUN_FINISH, [{**params, "b_id": m.run_id, "b_result": None, "b_tool_calls": "[]",
+                                    "b_model_calls": 0, "b_model_seconds": 0.0, "b_ended_by": "steered"}
+                                   for m in done.steered])
+        conn.execute(_INBOX_STATUS, [{"b_id": m.inbox_id, "b_status": "done", "b_now": now} for m in done.steered])
     _append_messages(conn, done.session_key, done.epoch, done.transcript, done.run_id, now)
+    if (u := done.usage) is not None and (u.prompt_tokens or u.completion_tokens):
+        conn.execute(_USAGE_INSERT, {"run_id": done.run_id, "kind": u.kind, "session_key": done.session_key or "",
+                                     "epoch": done.epoch, "user_key": u.user_key, "model": u.model,
+                                     "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                                     "created_at": now})
     return _store_parts(conn, done.deliveries, now, claim, skip_existing=False)
+
+
+def accept_event(conn: Connection, *, dedupe_key: str, platform: str, kind: str, session_key: str,
+                 payload: dict[str, Any], run: NewRun | None = None, started: bool = False) -> Acceptance:
+    """``Store.accept`` as a unit of work (a command accepts a run together with its other effects)."""
+    now = time.time()
+    inserted = conn.execute(insert_ignoring_conflicts(conn.dialect.name, inbox_t, "dedupe_key"), {
+        "dedupe_key": dedupe_key, "platform": platform, "kind": kind, "session_key": session_key,
+        "payload": dumps(payload), "status": "running" if started else "pending", "run_id": run.id if run else None,
+        "created_at": now, "updated_at": now}).first()
+    if inserted is None:
+        first = conn.execute(_INBOX_BY_KEY, {"b_key": dedupe_key}).one()
+        return Acceptance(int(first.id), first.run_id, duplicate=True)
+    if run is not None:
+        conn.execute(_RUN_INSERT, {
+            "id": run.id, "kind": run.kind, "source": run.source, "session_key": session_key,
+            "status": "running" if started else "queued", "toolsets": dumps(run.toolsets),
+            "prompt": run.prompt, "deliver_to": run.deliver_to, "tool_calls": "[]", "model_calls": 0,
+            "attempts": int(started), "created_at": now, "started_at": now if started else None})
+    return Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
+
+
+def bump_epoch(conn: Connection, key: str) -> int:
+    """Start the session's next conversation (``/new``); the new epoch (0 for a session never stored)."""
+    conn.execute(sessions_t.update().where(sessions_t.c.key == key)
+                 .values(epoch=sessions_t.c.epoch + 1, updated_at=time.time()))
+    return int(conn.execute(_SESSION_EPOCH, {"b_key": key}).scalar() or 0)
+
+
+def last_user_message(conn: Connection, key: str) -> tuple[int, int, str] | None:
+    """(epoch, message id, text) of the current conversation's last user message, or None."""
+    epoch = conn.execute(_SESSION_EPOCH, {"b_key": key}).scalar()
+    if epoch is None:
+        return None
+    row = conn.execute(_LAST_USER, {"b_key": key, "b_epoch": epoch}).first()
+    return (int(epoch), int(row.id), row.content or "") if row is not None else None
+
+
+def drop_messages_from(conn: Connection, key: str, epoch: int, first_id: int) -> int:
+    """Remove the conversation's messages from ``first_id`` on (``/undo``, ``/retry``); how many."""
+    return int(conn.execute(messages_t.delete().where(messages_t.c.session_key == key, messages_t.c.epoch == epoch,
+                                                      messages_t.c.id >= first_id)).rowcount)
 
 
 def _session_epoch(conn: Connection, ref: SessionRef, now: float) -> int:
@@ -342,6 +424,37 @@ def _session_epoch(conn: Connection, ref: SessionRef, now: float) -> int:
         "key": ref.key, "platform": ref.platform, "chat_id": ref.chat_id, "user_id": ref.user_id,
         "thread_id": ref.thread_id, "epoch": 0, "created_at": now, "updated_at": now})
     return int(conn.execute(_SESSION_EPOCH, {"b_key": ref.key}).scalar_one())
+
+
+_SESSION_STATE = sa.select(sessions_t.c.epoch, sessions_t.c.updated_at, sessions_t.c.last_reset).where(
+    sessions_t.c.key == sa.bindparam("b_key"))
+_RUN_CREATED = sa.select(runs_t.c.created_at).where(runs_t.c.id == sa.bindparam("b_id"))
+
+
+def _chat_session(conn: Connection, ref: SessionRef, run_id: str, rule: ResetRule | None,
+                  now: float) -> tuple[int, SessionReset | None]:
+    """The epoch a chat run uses, creating the session on first use. The run's message (its acceptance time)
+    is the session's latest activity; with ``rule``, a session idle too long before it starts a new conversation
+    first, recorded with the run's id so that a start of the same run again finds it (gateway/session_reset.py)."""
+    row = conn.execute(_SESSION_STATE, {"b_key": ref.key}).first()
+    if row is None:
+        return _session_epoch(conn, ref, now), None
+    last = json.loads(row.last_reset) if row.last_reset else None
+    if last is not None and last["run"] == run_id:
+        return int(row.epoch), SessionReset(last["reason"], last["idle"])
+    at = float(conn.execute(_RUN_CREATED, {"b_id": run_id}).scalar_one())
+    reason = rule(row.updated_at, at) if rule is not None else None
+    if reason is None:
+        if at > row.updated_at:
+            conn.execute(sessions_t.update().where(sessions_t.c.key == ref.key).values(updated_at=at))
+        return int(row.epoch), None
+    reset = SessionReset(reason, at - row.updated_at)
+    moved = conn.execute(sessions_t.update().where(sessions_t.c.key == ref.key, sessions_t.c.epoch == row.epoch)
+                         .values(epoch=row.epoch + 1, updated_at=at,
+                                 last_reset=dumps({"run": run_id, "reason": reason, "idle": reset.idle_seconds})))
+    if moved.rowcount == 0:  # a /new got there first: that is the run's new conversation
+        return int(conn.execute(_SESSION_EPOCH, {"b_key": ref.key}).scalar_one()), None
+    return int(row.epoch) + 1, reset
 
 
 def _history(conn: Connection, key: str, epoch: int, limit: int) -> list[ChatMessage]:
@@ -360,10 +473,26 @@ class Claim:
 
 @dataclass(slots=True)
 class RunContext:
-    """What a run starts from: its session's epoch and recent transcript (None/[] without history)."""
+    """What a run starts from: its session's epoch and recent transcript (None/[] without history), and the
+    conversation the reset policy started for it, if it did."""
 
     epoch: int | None
     history: list[ChatMessage]
+    reset: SessionReset | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class SessionReset:
+    """A new conversation the reset policy started for a run: ``reason`` (the rule's word for why) and how long
+    the session had been idle before the run's message."""
+
+    reason: str
+    idle_seconds: float
+
+
+ResetRule = Callable[[float, float], str | None]
+"""The reset policy (gateway/session_reset.py): given a session's last activity and a message's acceptance time
+(unix seconds), why that message starts a new conversation, or None."""
 
 
 class Store:
@@ -406,26 +535,9 @@ class Store:
         ``started``: the run starts as it is accepted (as ``start_run`` would record it, for a run that needs
         no session history), which saves its caller a transaction.
         """
-        now = time.time()
-        row_values = {"dedupe_key": dedupe_key, "platform": platform, "kind": kind, "session_key": session_key,
-                      "payload": dumps(payload), "status": "running" if started else "pending",
-                      "run_id": run.id if run else None, "created_at": now, "updated_at": now}
-
-        def work(conn: Connection) -> Acceptance:
-            inserted = conn.execute(insert_ignoring_conflicts(conn.dialect.name, inbox_t, "dedupe_key"),
-                                    row_values).first()
-            if inserted is None:
-                first = conn.execute(_INBOX_BY_KEY, {"b_key": dedupe_key}).one()
-                return Acceptance(int(first.id), first.run_id, duplicate=True)
-            if run is not None:
-                conn.execute(_RUN_INSERT, {
-                    "id": run.id, "kind": run.kind, "source": run.source, "session_key": session_key,
-                    "status": "running" if started else "queued", "toolsets": dumps(run.toolsets),
-                    "prompt": run.prompt, "deliver_to": run.deliver_to, "tool_calls": "[]", "model_calls": 0,
-                    "attempts": int(started), "created_at": now, "started_at": now if started else None})
-            return Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
-
-        return await self.db.write(work, urgent=True, quick=True)  # the platform waits for it
+        event = functools.partial(accept_event, dedupe_key=dedupe_key, platform=platform, kind=kind,
+                                  session_key=session_key, payload=payload, run=run, started=started)
+        return await self.db.write(event, urgent=True, quick=True)  # the platform waits for it
 
     async def unfinished_inbox(self) -> list[InboxRow]:
         """Accepted events whose processing has not finished, oldest first."""
@@ -463,10 +575,11 @@ class Store:
     # -- runs ------------------------------------------------------------
 
     async def start_run(self, run_id: str, inbox_id: int | None, session: SessionRef | None = None,
-                        history_limit: int = 0) -> RunContext | None:
-        """Mark a run (and its inbox event) as running, counting the attempt; with ``session``, also
-        return the session's epoch (creating the session on first use) and its last ``history_limit``
-        messages, all in one transaction. None (nothing written) when the run has already finished."""
+                        history_limit: int = 0, reset_rule: ResetRule | None = None) -> RunContext | None:
+        """Mark a run (and its inbox event) as running, counting the attempt; with ``session`` (a chat run's),
+        also return the session's epoch (creating the session on first use, starting a new conversation first
+        when ``reset_rule`` says so) and its last ``history_limit`` messages, all in one transaction. None
+        (nothing written) when the run has already finished."""
         now = time.time()
 
         def work(conn: Connection) -> RunContext | None:
@@ -476,13 +589,14 @@ class Store:
                 conn.execute(_INBOX_STATUS, {"b_id": inbox_id, "b_status": "running", "b_now": now})
             if session is None:
                 return RunContext(None, [])
-            epoch = _session_epoch(conn, session, now)
-            return RunContext(epoch, _history(conn, session.key, epoch, history_limit) if history_limit else [])
+            epoch, reset = _chat_session(conn, session, run_id, reset_rule, now)
+            return RunContext(epoch, _history(conn, session.key, epoch, history_limit) if history_limit else [],
+                              reset)
 
         return await self.db.write(work, quick=True)
 
     async def finish_run(self, done: RunCompletion, claim: Claim | None = None) -> list[OutboxRow] | None:
-        """Record a run's end atomically: status, transcript, inbox state and deliveries (claimed for
+        """Record a run's end atomically: status, transcript, token usage, inbox state and deliveries (claimed for
         ``claim``'s sender when they are first in their lane).
 
         Returns the deliveries as stored, or None (writing nothing) when the run had already
@@ -544,12 +658,11 @@ class Store:
 
     async def reset_session(self, key: str) -> int:
         """Start a fresh conversation (``/new``): bump the epoch; returns the new one."""
-        def work(conn: Connection) -> int:
-            conn.execute(sessions_t.update().where(sessions_t.c.key == key)
-                         .values(epoch=sessions_t.c.epoch + 1, updated_at=time.time()))
-            return int(conn.execute(_SESSION_EPOCH, {"b_key": key}).scalar() or 0)
+        return await self.db.write(functools.partial(bump_epoch, key=key))
 
-        return await self.db.write(work)
+    async def last_user_message(self, key: str) -> tuple[int, int, str] | None:
+        """(epoch, message id, text) of the session's last user message in its current conversation."""
+        return await self.db.read(functools.partial(last_user_message, key=key))
 
     async def history(self, key: str, epoch: int, limit: int) -> list[ChatMessage]:
         """The last ``limit`` transcript messages of the session's epoch, oldest first."""
@@ -558,16 +671,20 @@ class Store:
     # -- outbox ----------------------------------------------------------
 
     async def enqueue(self, parts: Sequence[OutboxPart], inbox_id: int | None = None,
-                      claim: Claim | None = None) -> list[OutboxRow] | None:
-        """Persist deliveries outside a run (command replies), closing the inbox event in the same step.
+                      claim: Claim | None = None,
+                      effects: Sequence[Callable[[Connection], object]] = ()) -> list[OutboxRow] | None:
+        """Persist deliveries outside a run (command replies), closing the inbox event and applying ``effects``
+        (a command's changes) in the same step.
 
         Returns the parts as stored, or None when they were already enqueued (a replayed event).
         """
         now = time.time()
 
         def work(conn: Connection) -> list[OutboxRow] | None:
-            if inbox_id is not None:
-                conn.execute(_INBOX_STATUS, {"b_id": inbox_id, "b_status": "done", "b_now": now})
+            if inbox_id is not None and conn.execute(_INBOX_CLOSE, {"b_id": inbox_id, "b_now": now}).rowcount == 0:
+                return None  # the event was handled before (a replay): its effects and reply are stored
+            for effect in effects:
+                effect(conn)
             return _store_parts(conn, parts, now, claim, skip_existing=True) or None
 
         return await self.db.write(work, quick=True)

@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol, get_args
+from typing import Any, Protocol, cast, get_args
 
 import model_tools
 from gateway.config import Config
@@ -72,35 +72,19 @@ class Destination(Protocol):
     reply_to: str | None
 
 
-class ChatModes:
-    """Per-chat ``/verbose`` choices. Kept in memory for now: a restart (or another replica) uses the platform's
-    configured mode again."""
-
-    def __init__(self) -> None:
-        self._modes: dict[tuple[str, str], ToolProgressMode] = {}
-
-    def get(self, platform: str, chat_id: str) -> ToolProgressMode | None:
-        """The chat's own choice, if it made one."""
-        return self._modes.get((platform, chat_id))
-
-    def set(self, platform: str, chat_id: str, mode: ToolProgressMode) -> None:
-        """Remember the chat's choice."""
-        self._modes[(platform, chat_id)] = mode
-
-
-chat_modes = ChatModes()
-
-
 def platform_settings(cfg: Config, platform: str) -> ChatPlatform | None:
     """The progress settings of a chat platform; None for others (webhook, cron, the terminal)."""
     settings = getattr(cfg.platforms, platform, None)
     return settings if isinstance(settings, ChatPlatform) else None
 
 
-def mode_for(cfg: Config, platform: str, chat_id: str) -> ToolProgressMode:
-    """The progress mode of a chat: its ``/verbose`` choice, else its platform's ``tool_progress``."""
+def mode_for(cfg: Config, platform: str, chosen: str | None) -> ToolProgressMode:
+    """The progress mode of a session: its ``/verbose`` choice (stored in its settings), else its platform's
+    ``tool_progress``."""
+    if chosen in MODES:
+        return cast(ToolProgressMode, chosen)
     settings = platform_settings(cfg, platform)
-    return chat_modes.get(platform, chat_id) or (settings.tool_progress if settings is not None else "off")
+    return settings.tool_progress if settings is not None else "off"
 
 
 class ToolProgress:
@@ -241,11 +225,12 @@ class _Hub:
 _hub = _Hub()
 
 
-def start_progress(cfg: Config, run_id: str, adapter: BasePlatformAdapter, target: Destination) -> ToolProgress | None:
-    """The progress of a chat run, watching its tool calls; None when the chat's mode is off or the platform
-    cannot edit messages. Call ``stop_progress`` when the run ends."""
+def start_progress(cfg: Config, run_id: str, adapter: BasePlatformAdapter, target: Destination,
+                   chosen: str | None = None) -> ToolProgress | None:
+    """The progress of a chat run, watching its tool calls (``chosen``: the session's ``/verbose`` mode); None
+    when the mode is off or the platform cannot edit messages. Call ``stop_progress`` when the run ends."""
     settings = platform_settings(cfg, adapter.name)
-    mode = mode_for(cfg, adapter.name, target.chat_id)
+    mode = mode_for(cfg, adapter.name, chosen)
     if settings is None or mode == "off" or not adapter.can_edit:
         return None
     meta = {"thread_id": target.thread_id} if target.thread_id else {}

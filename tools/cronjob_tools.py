@@ -277,7 +277,8 @@ def _now() -> datetime:
 
 @dataclass(slots=True)
 class CronJob:
-    """A scheduled prompt. ``deliver`` is ``origin`` (the chat it was created in) or a target spec."""
+    """A scheduled prompt. ``deliver`` is ``origin`` (the chat it was created in), ``home`` (its owner's home
+    channel, set with /sethome, when the job fires) or a target spec."""
 
     id: str
     owner: str
@@ -584,7 +585,8 @@ registry.register(
                 "name": {"type": "string", "description": "A short label for the job."},
                 "repeat": {"type": "integer", "description": "Total number of runs (0 or omitted: no limit)."},
                 "deliver": {"type": "string",
-                            "description": "Where answers go: 'origin' (this chat, the default) or, for admins, "
+                            "description": "Where answers go: 'origin' (this chat, the default), 'home' (the "
+                                           "user's home channel, set with /sethome) or, for admins, "
                                            "<platform>:<chat_id>[:<thread_id>] or callback:<name>."},
                 "notify": {"type": "string", "enum": list(NOTIFY_MODES),
                            "description": "always (default) or on_change: post only when the answer changed."},

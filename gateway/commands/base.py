@@ -6,12 +6,21 @@ Each module of this package registers its commands with ``@command``; ``gateway.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from sqlalchemy.engine import Connection
+
 from gateway.config import Config
+from gateway.session_settings import SettingsStore
+from gateway.session_summary import PreparedHistory
+from gateway.store import Store
 from platforms.base import MessageEvent
 from tools.cronjob_tools import CronJob
+
+Effect = Callable[[Connection], object]
+"""A change a command makes to stored state, run in the transaction that stores its reply and closes its inbox
+event: a command interrupted by a crash is redone whole or not at all, never applied twice."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,22 +69,34 @@ class CommandHost(Protocol):
     cfg: Config
     cron: CronControl | None
     mcp: McpControl | None
+    store: Store
+    settings: SettingsStore
 
     def is_admin(self, platform: str, user_id: str) -> bool:
         """Whether the user is a gateway admin."""
-
-    async def reset_session(self, session_key: str) -> None:
-        """Start a fresh conversation for the session."""
 
     async def stop_session(self, session_key: str) -> bool:
         """Cancel the session's running run (on whichever replica runs it), or its accepted run that has not
         started yet; whether there was one."""
 
     def session_status(self, session_key: str) -> dict[str, object]:
-        """Model, queue depth, busy flag and uptime for ``/status``."""
+        """Queue depth, busy flag and uptime for ``/status``."""
 
     def session_tools(self, session_key: str, platform: str) -> list[str]:
         """The tools this session's runs may use."""
+
+    def model_for(self, choice: str | None) -> str:
+        """The model a session with this ``/model`` choice uses."""
+
+    async def session_busy(self, session_key: str) -> bool:
+        """Whether a run of the session has not finished yet (here, or on another replica)."""
+
+    async def compress_session(self, session_key: str, event: MessageEvent) -> PreparedHistory | None:
+        """Summarise the session's older turns now; None when compression is off (no ``model.context_tokens``)."""
+
+    def retry(self, ctx: CommandContext, text: str) -> None:
+        """Run ``text`` again as a message of the command's chat: accepted with the command's effects, started
+        once they are stored."""
 
     async def approve_pairing(self, event: MessageEvent, code: str) -> str:
         """Approve a pairing code if the sender is an admin; the reply text."""
@@ -89,6 +110,10 @@ class CommandContext:
     session_key: str
     args: str
     host: CommandHost
+    effects: list[Effect] = field(default_factory=list)
+    """Stored with the reply, atomically (see ``Effect``)."""
+    after: list[Callable[[], None]] = field(default_factory=list)
+    """Called once the reply and the effects are stored (e.g. start a run the effects accepted)."""
 
 
 Handler = Callable[[CommandContext], Awaitable[str]]
@@ -102,6 +127,8 @@ class Command:
     description: str
     handler: Handler
     admin_only: bool = False
+    slow: bool = False
+    """Handled off the adapter's path (it calls the model): the platform is acknowledged first."""
 
 
 COMMANDS: dict[str, Command] = {}
@@ -110,10 +137,10 @@ ALIASES: set[str] = set()
 
 
 def command(name: str, description: str, *, aliases: tuple[str, ...] = (),
-            admin_only: bool = False) -> Callable[[Handler], Handler]:
+            admin_only: bool = False, slow: bool = False) -> Callable[[Handler], Handler]:
     """Register the decorated handler as ``/name`` (and its aliases)."""
     def register(handler: Handler) -> Handler:
-        entry = Command(name, description, handler, admin_only)
+        entry = Command(name, description, handler, admin_only, slow)
         for key in (name, *aliases):
             if key in COMMANDS:
                 raise ValueError(f"command /{key} is registered twice")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
+from gateway.commands.background import stop_background
 from gateway.commands.base import ALIASES, COMMANDS, CommandContext, command
 from gateway.commands.permissions import admin_only, enabled
-from gateway.tool_progress import MODES, chat_modes, mode_for
+from gateway.session_settings import clear_title
+from gateway.store import bump_epoch
 
 
 @command("help", "show this help")
@@ -20,28 +24,25 @@ async def _help(ctx: CommandContext) -> str:
 
 @command("new", "start a new conversation", aliases=("reset",))
 async def _new(ctx: CommandContext) -> str:
-    await ctx.host.reset_session(ctx.session_key)
+    ctx.effects += [functools.partial(bump_epoch, key=ctx.session_key),
+                    functools.partial(clear_title, key=ctx.session_key)]
     return "Started a new conversation. Earlier messages are forgotten."
 
 
-@command("stop", "cancel the running reply")
+@command("stop", "cancel the running reply (/stop ID: a background task)")
 async def _stop(ctx: CommandContext) -> str:
+    if task := ctx.args.strip():
+        return await stop_background(ctx, task)
     return "Stopped the current run." if await ctx.host.stop_session(ctx.session_key) else "Nothing is running."
 
 
 @command("status", "model, queue and uptime")
 async def _status(ctx: CommandContext) -> str:
     s = ctx.host.session_status(ctx.session_key)
-    return (f"Model: {s['model']}\nSession: {ctx.session_key}\nRunning: {'yes' if s['busy'] else 'no'}"
-            f"\nQueued: {s['queued']}\nUptime: {s['uptime']}")
-
-
-@command("model", "show the model")
-async def _model(ctx: CommandContext) -> str:
-    current = ctx.host.session_status(ctx.session_key)["model"]
-    if ctx.args.strip():
-        return f"Model: {current}. Changing the model from chat is not enabled on this gateway."
-    return f"Model: {current}"
+    chosen = await ctx.host.settings.session(ctx.session_key)
+    title = f"\nTitle: {chosen.title}" if chosen.title else ""
+    return (f"Model: {ctx.host.model_for(chosen.model)}{title}\nSession: {ctx.session_key}"
+            f"\nRunning: {'yes' if s['busy'] else 'no'}\nQueued: {s['queued']}\nUptime: {s['uptime']}")
 
 
 @command("tools", "list the tools available here")
@@ -91,26 +92,6 @@ async def _cron(ctx: CommandContext) -> str:
         return f"Running job {job_id} now." if await cron.run_now(job_id, actor) else missing
     job = await (cron.pause if action == "pause" else cron.resume)(job_id, actor)
     return missing if job is None else f"{action.capitalize()}d: {job.summary()}"
-
-
-_MODE_HELP = {
-    "off": "no tool progress",
-    "new": "a line when the assistant starts using another tool",
-    "all": "a line for every tool call",
-    "verbose": "every tool call with its full arguments",
-}
-
-
-@command("verbose", "tool progress in this chat: off, new, all or verbose (without a mode: the next one)")
-async def _verbose(ctx: CommandContext) -> str:
-    e = ctx.event
-    wanted = ctx.args.strip().lower()
-    if wanted and wanted not in MODES:
-        return "Usage: /verbose [" + "|".join(MODES) + "] (without a mode: the next one)"
-    current = mode_for(ctx.host.cfg, e.platform, e.chat_id)
-    mode = MODES[MODES.index(wanted) if wanted else (MODES.index(current) + 1) % len(MODES)]
-    chat_modes.set(e.platform, e.chat_id, mode)
-    return f"Tool progress here: {mode} ({_MODE_HELP[mode]})."
 
 
 @command("reload-mcp", "admins: reconnect the MCP servers and re-list their tools", aliases=("reload_mcp",),

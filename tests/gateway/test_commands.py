@@ -80,9 +80,10 @@ async def test_tools_lists_what_the_session_s_runs_get(make_gateway: GatewayFact
     assert offered == ["memory", "todo"]
 
 
-async def test_model_shows_the_model_and_refuses_to_switch(make_gateway: GatewayFactory) -> None:
+async def test_model_without_model_allowed_shows_the_model_and_refuses_to_switch(make_gateway: GatewayFactory) -> None:
     h = await make_gateway()
     assert await _reply(h, "/model") == "Model: scripted-model"
     assert await _reply(h, "/MODEL gpt-5") == (
-        "Model: scripted-model. Changing the model from chat is not enabled on this gateway.")
+        "Model: scripted-model. Switching models is not enabled on this gateway (its operator lists the models "
+        "a chat may use in model.allowed).")
     assert h.model.requests == []

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gateway.schema import SCHEMA_VERSION, meta_t
+from gateway.session_settings import HomeChannel, SessionSettings, SettingsStore
 from gateway.store import ChatMessage, Claim, NewRun, OutboxPart, RunCompletion, Store
 
 KEY = "telegram:dm:100"
@@ -290,7 +291,7 @@ async def test_a_version_2_database_gets_the_runs_ended_by_column(store_url: str
         run = await upgraded.get_run(run_id)
         assert (run.status, run.ended_by, run.to_dict()["ended_by"]) == ("completed", "length", "length")
         version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
-        assert version == str(SCHEMA_VERSION) == "4"
+        assert version == str(SCHEMA_VERSION) == "5"
     finally:
         await upgraded.close()
 
@@ -304,3 +305,28 @@ async def test_new_parts_are_claimed_for_their_sender_only_when_first_in_their_l
     later = await store.enqueue(_parts("later", 1), claim=Claim("me", 60))
     assert later[0].claimed_by is None, "an earlier part of the chat is still pending: claimed when its turn comes"
     assert await store.enqueue(_parts("later", 1), claim=Claim("me", 60)) is None
+
+
+async def test_a_version_4_database_gets_the_conversation_tables(store_url: str) -> None:
+    """Fails on the mutant that drops step 5 from ``_MIGRATIONS`` (the upgrade stops at v4)."""
+    first = await Store.open(store_url)
+
+    def back_to_v4(conn: Connection) -> None:
+        for table in ("session_settings", "user_settings", "run_usage"):
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="4"))
+
+    await first.db.write(back_to_v4)
+    await first.close()
+    upgraded = await Store.open(store_url)
+    try:
+        settings = SettingsStore(upgraded)
+        await settings.set_session("s", model="m", busy="steer")
+        await settings.set_session("s", title="t")
+        assert await settings.session("s") == SessionSettings(model="m", title="t", busy="steer")
+        await settings.set_home("telegram:1", HomeChannel("slack", "C1", "171.2"))
+        assert await settings.home("telegram:1") == HomeChannel("slack", "C1", "171.2")
+        version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
+        assert version == str(SCHEMA_VERSION) == "5"
+    finally:
+        await upgraded.close()

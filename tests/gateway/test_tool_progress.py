@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gateway import tool_progress
 from gateway.app import Gateway
 from gateway.config import parse_config
 from gateway.logs import REDACTED
+from gateway.session_settings import SettingsStore
 from gateway.sim.model_server import ScriptedModel, Turn, text, tool_call, tool_calls
 from gateway.sim.slack_api import DEFAULT_CHANNEL, SlackSimulator
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
@@ -25,12 +25,6 @@ TWO_TOOLS = (tool_call("todo", {"action": "list"}), tool_call("search_files", {"
              text("All done.", latency=SLOW))
 
 StartTelegram = Callable[..., Awaitable[tuple[Gateway, ScriptedModel]]]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_chat_modes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts without /verbose choices (they live in memory, process-wide)."""
-    monkeypatch.setattr(tool_progress.chat_modes, "_modes", {})
 
 
 @pytest.fixture
@@ -164,7 +158,7 @@ async def test_delete_removes_the_status_message(telegram: tuple[TelegramSimulat
 
 async def test_slash_verbose_sets_and_cycles_the_chat_mode(telegram: tuple[TelegramSimulator, StartTelegram]) -> None:
     sim, start = telegram
-    await start(*TWO_TOOLS)
+    gateway, _ = await start(*TWO_TOOLS)
     sim.user_sends("/help")
     [help_text] = [s.text for s in await sim.wait_for_messages(1, CHAT)]
     assert "/verbose - tool progress in this chat" in help_text
@@ -177,7 +171,7 @@ async def test_slash_verbose_sets_and_cycles_the_chat_mode(telegram: tuple[Teleg
     await sim.wait_for(lambda: any(s.text.startswith("Tool progress here: new") for s in sim.sent_messages(CHAT)))
     sim.user_sends("/verbose loud")
     await sim.wait_for(lambda: any(s.text.startswith("Usage: /verbose") for s in sim.sent_messages(CHAT)))
-    assert tool_progress.chat_modes.get("telegram", str(CHAT)) == "new"
+    assert (await SettingsStore(gateway.store).session(f"telegram:dm:{CHAT}")).verbose == "new"
 
 
 # ------------------------------------------------------------------------------------------------------ Slack
