@@ -30,7 +30,9 @@ sessions_t = sa.Table(
     sa.Column("thread_id", sa.String(255)),
     sa.Column("epoch", sa.Integer, nullable=False, default=0),
     sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),  # the last activity: a chat message's run, or /new
+    # The reset policy's last reset (gateway/session_reset.py), as JSON: the run that made it, why, the idle seconds.
+    sa.Column("last_reset", sa.Text),
 )
 
 messages_t = sa.Table(
@@ -228,9 +230,12 @@ def _v4_session_summaries(conn: Connection) -> None:
 
 
 def _v5_conversation(conn: Connection) -> None:
-    """session_settings, user_settings, run_usage: per-session model/title/busy/verbose, home channels, usage."""
+    """session_settings, user_settings, run_usage: per-session model/title/busy/verbose, home channels, usage;
+    sessions: the reset policy's last reset."""
     for table in (session_settings_t, user_settings_t, run_usage_t):
         table.create(conn, checkfirst=True)
+    if "last_reset" not in {c["name"] for c in sa.inspect(conn).get_columns("sessions")}:  # (tests set v5 back)
+        conn.exec_driver_sql("ALTER TABLE sessions ADD COLUMN last_reset TEXT")
 
 
 _MIGRATIONS = {2: _v2_outbox_claims, 3: _v3_runs_ended_by, 4: _v4_session_summaries, 5: _v5_conversation}

@@ -22,6 +22,7 @@ from gateway.config.sections import (
     McpServer,
     ModelSettings,
     PluginSettings,
+    SessionPolicy,
     ToolSearchSettings,
     ToolsSettings,
     WebSettings,
@@ -65,6 +66,7 @@ class Config(_Root):
     mcp_servers: dict[Annotated[str, AfterValidator(_check_server_name)], McpServer] = Field(default_factory=dict)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     commands: CommandSettings = Field(default_factory=CommandSettings)
+    sessions: SessionPolicy = Field(default_factory=SessionPolicy)
 
     @field_validator("toolsets")
     @classmethod

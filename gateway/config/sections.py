@@ -1,5 +1,5 @@
-"""The sections other than the store and the platforms: model, http, gateway, auth, limits, cron, tools, MCP,
-plugins, web, logging."""
+"""The sections other than the store and the platforms: model, http, gateway, auth, limits, cron, sessions, tools,
+MCP, plugins, web, logging."""
 
 from __future__ import annotations
 
@@ -188,27 +188,49 @@ class LimitsSettings(_Section):
     user_max_tokens_per_hour: int | None = Field(None, ge=1)
 
 
+def _check_zone(value: str) -> str:
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (ValueError, KeyError, OSError):
+        close = difflib.get_close_matches(value, sorted(zoneinfo.available_timezones()), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise _invalid(f"unknown time zone {value!r}",
+                       f"{hint}use an IANA name such as 'Europe/Berlin' or 'UTC'") from None
+    return value
+
+
 class CronSettings(_Section):
     """Scheduled runs."""
 
-    timezone: str = "UTC"
+    timezone: Annotated[str, AfterValidator(_check_zone)] = "UTC"
     misfire_grace_seconds: float = Field(3600.0, ge=0)
     max_consecutive_failures: int = Field(3, ge=1)
     min_interval_seconds: int = Field(60, ge=1)
     max_jobs_per_user: int = Field(50, ge=1)
     sync_interval_seconds: float = Field(5.0, gt=0)
 
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, value: str) -> str:
-        try:
-            zoneinfo.ZoneInfo(value)
-        except (ValueError, KeyError, OSError):
-            close = difflib.get_close_matches(value, sorted(zoneinfo.available_timezones()), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise _invalid(f"unknown time zone {value!r}",
-                           f"{hint}use an IANA name such as 'Europe/Berlin' or 'UTC'") from None
-        return value
+
+def _check_idle_minutes(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise _invalid(f"must be at least 1 minute, got {value}", "e.g. 240 for four hours; null never resets")
+    return value
+
+
+def _check_hour(value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= 23:
+        raise _invalid(f"must be an hour from 0 to 23, got {value}", "e.g. 4 for 04:00; null: no daily reset")
+    return value
+
+
+class SessionPolicy(_Section):
+    """When a chat's conversation starts afresh by itself (as with /new); the reply that follows says so."""
+
+    # Minutes without a message after which the next one starts a new conversation; None: never.
+    reset_after_idle_minutes: Annotated[int | None, AfterValidator(_check_idle_minutes)] = None
+    # The first message after this hour of the day (in timezone) starts a new conversation; None: never.
+    daily_reset_hour: Annotated[int | None, AfterValidator(_check_hour)] = None
+    # The time zone of daily_reset_hour; None: cron.timezone.
+    timezone: Annotated[str, AfterValidator(_check_zone)] | None = None
 
 
 class ToolSearchSettings(_Section):
