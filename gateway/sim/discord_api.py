@@ -373,8 +373,9 @@ class DiscordSimulator:
         return [self._messages[mid] for mid in self._history[channel_id]]
 
     def bot_messages(self, channel_id: int | None = None) -> list[JSON]:
-        """Messages the bot created (each once, whatever retries happened), current state, in order."""
-        found = (self._messages[mid] for mid in self._bot_created)
+        """Messages the bot created and did not delete (each once, whatever retries happened), current state, in
+        order."""
+        found = (self._messages[mid] for mid in self._bot_created if mid in self._messages)
         return [m for m in found if channel_id is None or int(m["channel_id"]) == channel_id]
 
     @property

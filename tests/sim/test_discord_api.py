@@ -7,6 +7,7 @@ import json
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import discord
@@ -382,3 +383,26 @@ def _collect(into: list[discord.Message]) -> Any:
         if message.author.id != BOT_ID:
             into.append(message)
     return on_message
+
+
+async def test_reactions_and_deletes(sim: DiscordSimulator, http: aiohttp.ClientSession) -> None:
+    user_message = sim.user_sends("react to me", channel_id=RANDOM_ID)
+    path = f"/channels/{RANDOM_ID}/messages/{user_message['id']}/reactions"
+    for emoji in ("👀", "✅", "✅"):
+        assert (await _call(http, sim, "PUT", f"{path}/{quote(emoji)}/@me"))[0] == 204
+    assert sim.bot_reactions(int(user_message["id"])) == ["👀", "✅"]
+    assert (await _call(http, sim, "DELETE", f"{path}/{quote('👀')}/@me"))[0] == 204
+    assert (await _call(http, sim, "DELETE", f"{path}/{quote('👀')}/@me"))[0] == 204  # already gone: no error
+    assert sim.bot_reactions(int(user_message["id"])) == ["✅"]
+    assert (await _call(http, sim, "PUT", f"{path}/eyes/@me"))[1]["code"] == 10014  # Unknown Emoji
+    status, body, _ = await _call(http, sim, "PUT", f"/channels/{RANDOM_ID}/messages/1/reactions/{quote('👀')}/@me")
+    assert (status, body["code"]) == (404, 10008)
+
+    _, mine, _ = await _call(http, sim, "POST", f"/channels/{RANDOM_ID}/messages", {"content": "status"})
+    assert (await _call(http, sim, "DELETE", f"/channels/{RANDOM_ID}/messages/{mine['id']}"))[0] == 204
+    assert sim.deleted == [int(mine["id"])] and sim.bot_messages(RANDOM_ID) == []
+    assert [m["content"] for m in sim.messages(RANDOM_ID)] == ["react to me"]
+    status, body, _ = await _call(http, sim, "DELETE", f"/channels/{RANDOM_ID}/messages/{mine['id']}")
+    assert (status, body["code"]) == (404, 10008)
+    status, body, _ = await _call(http, sim, "DELETE", f"/channels/{RANDOM_ID}/messages/{user_message['id']}")
+    assert (status, body["code"]) == (403, 50013)

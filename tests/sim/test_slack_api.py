@@ -285,3 +285,42 @@ async def test_tampering_helpers_are_rejected_by_bolt(sim: SlackSimulator,
                 await sim.post_signed(body, timestamp=int(time.time()) - 290)]
     assert [a.status for a in attempts] == [401, 401, 401, 200]
     assert len(bolt_endpoint) == 1
+
+
+async def test_reactions_add_and_remove(sim: SlackSimulator, web_client: AsyncWebClient) -> None:
+    user = await sim.user_sends_dm("hello")
+    channel = user.message.channel
+    await web_client.reactions_add(channel=channel, timestamp=user.ts, name="eyes")
+    await web_client.reactions_add(channel=channel, timestamp=user.ts, name="white_check_mark")
+    assert sim.bot_reactions(channel, user.ts) == ["eyes", "white_check_mark"]  # Slack keeps every one
+    assert sim.calls_of("reactions.add")[0].params == {"channel": channel, "timestamp": user.ts, "name": "eyes"}
+    await web_client.reactions_remove(channel=channel, timestamp=user.ts, name="eyes")
+    assert sim.bot_reactions(channel, user.ts) == ["white_check_mark"]
+    for call, error in ((web_client.reactions_add(channel=channel, timestamp=user.ts, name="white_check_mark"),
+                         "already_reacted"),
+                        (web_client.reactions_remove(channel=channel, timestamp=user.ts, name="eyes"), "no_reaction"),
+                        (web_client.reactions_add(channel=channel, timestamp=user.ts, name=":tada:"), "invalid_name"),
+                        (web_client.reactions_add(channel=channel, timestamp="9.9", name="tada"),
+                         "message_not_found")):
+        with pytest.raises(SlackApiError) as info:
+            await call
+        assert info.value.response["error"] == error
+    sim.scopes.discard("reactions:write")
+    with pytest.raises(SlackApiError) as info:
+        await web_client.reactions_add(channel=channel, timestamp=user.ts, name="tada")
+    assert (info.value.response["error"], info.value.response["needed"]) == ("missing_scope", "reactions:write")
+
+
+async def test_assistant_thread_status(sim: SlackSimulator, web_client: AsyncWebClient) -> None:
+    mention = await sim.user_mentions_bot("hello")
+    await web_client.assistant_threads_setStatus(channel_id=DEFAULT_CHANNEL, thread_ts=mention.ts,
+                                                 status="is thinking…")
+    [call] = sim.calls_of("assistant.threads.setStatus")
+    assert call.params == {"channel_id": DEFAULT_CHANNEL, "thread_ts": mention.ts, "status": "is thinking…"}
+    with pytest.raises(SlackApiError) as info:
+        await web_client.assistant_threads_setStatus(channel_id=DEFAULT_CHANNEL, thread_ts="9.9", status="x")
+    assert info.value.response["error"] == "thread_not_found"
+    sim.scopes.discard("assistant:write")
+    with pytest.raises(SlackApiError) as info:
+        await web_client.assistant_threads_setStatus(channel_id=DEFAULT_CHANNEL, thread_ts=mention.ts, status="x")
+    assert info.value.response["error"] == "missing_scope"

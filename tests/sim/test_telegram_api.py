@@ -10,7 +10,17 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
-from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, Message, ReplyParameters, Update
+from telegram import (
+    Bot,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Message,
+    ReactionTypeCustomEmoji,
+    ReactionTypeEmoji,
+    ReplyParameters,
+    Update,
+)
+from telegram.constants import ReactionEmoji
 from telegram.error import BadRequest, Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter
 from telegram.ext import AIORateLimiter, Application, ContextTypes, ExtBot, MessageHandler, filters
 from telegram.helpers import escape_markdown
@@ -432,3 +442,24 @@ async def test_application_polling_receives_and_replies(sim: TelegramSimulator) 
     assert (polls[-1].params["offset"], polls[-1].params["timeout"]) == (update["update_id"] + 1, 0)
     assert any(c.outcome == "cancelled" for c in polls)  # the long poll PTB abandoned on stop
     assert sim.pending_updates == []
+
+
+# ------------------------------------------------------------------ reactions
+
+
+async def test_set_message_reaction_replaces_the_bots_reaction_with_an_allowed_emoji(
+        sim: TelegramSimulator, bot: Bot) -> None:
+    mid = sim.user_sends("hi")["message"]["message_id"]
+    assert await bot.set_message_reaction(CHAT, mid, ReactionEmoji.EYES) is True
+    assert sim.reaction_calls(CHAT)[0].params["reaction"] == [{"type": "emoji", "emoji": "👀"}]  # a JSON array
+    assert await bot.set_message_reaction(CHAT, mid, [ReactionTypeEmoji(ReactionEmoji.THUMBS_UP)]) is True
+    assert sim.bot_reaction(CHAT, mid) == ["👍"]  # replaced, not added
+    for reaction, error in (("✅", "reaction_invalid"), (ReactionTypeCustomEmoji("5368324170671202286"),
+                                                         "reaction_invalid"), (["👍", "👀"], "reactions_too_many")):
+        with pytest.raises(BadRequest, match=f"(?i){error}"):  # PTB capitalizes the description
+            await bot.set_message_reaction(CHAT, mid, reaction)
+    with pytest.raises(BadRequest, match=r"(?i)message to react not found"):
+        await bot.set_message_reaction(CHAT, mid + 100, "👍")
+    assert await bot.set_message_reaction(CHAT, mid) is True  # no reaction: the bot's is removed
+    assert sim.bot_reaction(CHAT, mid) == []
+    assert sim.reactions_shown(CHAT) == [["👀"], ["👍"], []]
