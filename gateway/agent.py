@@ -22,11 +22,13 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import model_tools
+from gateway import tokens
 from gateway.config import ModelSettings
 from gateway.limits import RunBudget
 from gateway.metrics import Metrics
 from gateway.model_errors import ModelError, explain
-from gateway.store import ChatMessage
+from gateway.steering import TakeSteered
+from gateway.store import ChatMessage, RunUsage
 from tools.clarify_tool import format_clarify_question
 
 logger = logging.getLogger(__name__)
@@ -50,14 +52,16 @@ _CHUNK_STREAM = openai.AsyncStream[ChatCompletionChunk]
 
 @dataclass(slots=True)
 class ModelTurn:
-    """One model answer: its text, the tool calls it asks for, total tokens (0 if unreported), why it ended, and
-    the request's size as the server counted it (usage.prompt_tokens; None if unreported)."""
+    """One model answer: its text, the tool calls it asks for, total tokens (0 if unreported), why it ended, the
+    request's size as the server counted it (usage.prompt_tokens; None if unreported) and the answer's
+    (usage.completion_tokens; 0 if unreported)."""
 
     content: str
     tool_calls: list[dict[str, Any]]
     tokens: int
     finish_reason: str | None
     prompt_tokens: int | None = None
+    completion_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -125,14 +129,17 @@ async def load_sdk_modules() -> None:
     await anyio.sleep(0)
 
 
+MESSAGE_FRAMING_TOKENS = 4  # role and separators around each message, as OpenAI's chat format counts them
+
+
 def message_tokens(msg: ChatMessage) -> int:
-    """Estimated tokens of one message: characters / 4 plus a few for its framing (tiktoken would need its
-    vocabulary downloaded on first use, which an offline gateway cannot do)."""
-    return (len(msg.content or "") + (len(json.dumps(msg.tool_calls)) if msg.tool_calls else 0)) // 4 + 4
+    """Tokens of one message as ``gateway.tokens`` counts them, plus its framing."""
+    calls = tokens.count(json.dumps(msg.tool_calls, ensure_ascii=False)) if msg.tool_calls else 0
+    return tokens.count(msg.content or "") + calls + MESSAGE_FRAMING_TOKENS
 
 
 def trim_history(history: Sequence[ChatMessage], token_budget: int) -> list[ChatMessage]:
-    """Keep the most recent messages within ``token_budget`` (chars/4), never starting mid tool exchange."""
+    """Keep the most recent messages within ``token_budget`` tokens, never starting mid tool exchange."""
     kept: list[ChatMessage] = []
     used = 0
     for msg in reversed(history):
@@ -160,12 +167,19 @@ class Agent:
 
     async def run(self, messages: list[dict[str, Any]], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
                   on_text: OnText | None = None, cancel: threading.Event | None = None,
-                  budget: RunBudget | None = None, model: str | None = None) -> RunOutcome:
+                  budget: RunBudget | None = None, model: str | None = None,
+                  usage: RunUsage | None = None, steer: TakeSteered | None = None) -> RunOutcome:
         """Drive the model (``model``, else ``model.name``) until it answers without tool calls (or ``max_turns``
-        / the budget is reached)."""
+        / the budget is reached). Each call's reported tokens are added to ``usage`` as they come, so it holds what
+        was used even when the loop fails part way. Before each model call, the messages ``steer`` gives are added
+        as user messages (gateway/steering.py)."""
         outcome = RunOutcome(text="", model=model or self.cfg.name)
         convo = list(messages)
         for _turn in range(self.cfg.max_turns):
+            for steering in steer() if steer is not None else ():
+                message = ChatMessage("user", steering)
+                outcome.transcript.append(message)
+                convo.append(message.to_openai())
             started = time.perf_counter()
             turn = await self._complete(convo, plan.definitions, on_text, model=outcome.model)
             content, tool_calls = turn.content, turn.tool_calls
@@ -174,6 +188,8 @@ class Agent:
             outcome.model_seconds += elapsed
             outcome.tokens += turn.tokens
             outcome.prompt_tokens = turn.prompt_tokens
+            if usage is not None:
+                usage.add(turn.prompt_tokens or 0, turn.completion_tokens)
             self.metrics.model_latency.observe(elapsed)
             over_budget = budget.charge_model(turn.tokens) if budget is not None else None
             if (note := CUT_OFF_NOTES.get(turn.finish_reason or "")) is not None:
@@ -251,12 +267,12 @@ class Agent:
                  for tc in (msg.tool_calls or []) if tc.type == "function"]
         usage = response.usage
         return ModelTurn(msg.content or "", calls, usage.total_tokens if usage else 0, choice.finish_reason,
-                         usage.prompt_tokens if usage else None)
+                         usage.prompt_tokens if usage else None, usage.completion_tokens if usage else 0)
 
     async def _stream(self, kwargs: dict[str, Any], on_text: OnText | None) -> ModelTurn:
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
-        tokens = 0
+        tokens = completion_tokens = 0
         prompt_tokens: int | None = None
         finish_reason: str | None = None
         stream = await post_chat_completion(self.client, kwargs, stream=True)
@@ -264,6 +280,7 @@ class Agent:
             async for chunk in stream:
                 if chunk.usage is not None:
                     tokens, prompt_tokens = chunk.usage.total_tokens, chunk.usage.prompt_tokens
+                    completion_tokens = chunk.usage.completion_tokens
                 if not chunk.choices:
                     continue
                 finish_reason = chunk.choices[0].finish_reason or finish_reason
@@ -285,7 +302,7 @@ class Agent:
         for i, call in enumerate(ordered):
             call["id"] = call["id"] or f"call_{i}"
             call["function"]["arguments"] = call["function"]["arguments"] or "{}"
-        return ModelTurn("".join(parts), ordered, tokens, finish_reason, prompt_tokens)
+        return ModelTurn("".join(parts), ordered, tokens, finish_reason, prompt_tokens, completion_tokens)
 
     async def _call_tool(self, tc: dict[str, Any], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
                          cancel: threading.Event | None) -> tuple[str, dict[str, Any]]:

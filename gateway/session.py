@@ -34,6 +34,11 @@ def session_key(source: SessionSource, per_user_in_groups: bool = True) -> str:
     return ":".join(parts)
 
 
+def background_session_key(chat_session: str, task: str) -> str:
+    """The session of a chat's background task (``/background``): its own, so the chat goes on meanwhile."""
+    return f"{chat_session}:bg:{task}"
+
+
 Work = Callable[[], Awaitable[None]]
 
 
@@ -54,12 +59,15 @@ class SessionLanes:
         self._lanes: dict[str, _Lane] = {}
         self._closed = False
 
-    def submit(self, key: str, work: Work) -> None:
-        """Queue ``work`` behind whatever the session is already doing."""
+    def submit(self, key: str, work: Work, *, first: bool = False) -> None:
+        """Queue ``work`` behind whatever the session is already doing (``first``: ahead of what waits)."""
         if self._closed:
             raise RuntimeError("session lanes are shut down")
         lane = self._lanes.setdefault(key, _Lane())
-        lane.queue.append(work)
+        if first:
+            lane.queue.appendleft(work)
+        else:
+            lane.queue.append(work)
         if lane.worker is None:
             lane.worker = asyncio.create_task(self._drain(key, lane), name=f"session:{key}")
 
@@ -105,6 +113,11 @@ class SessionLanes:
             lane.stopping = True
             lane.current.cancel()
         return True
+
+    @property
+    def closed(self) -> bool:
+        """Whether the lanes were shut down (nothing more may be submitted)."""
+        return self._closed
 
     @property
     def active(self) -> int:

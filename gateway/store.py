@@ -8,6 +8,7 @@ unix seconds. Every method that changes state commits before it returns.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -92,10 +93,13 @@ class RunRow:
     finished_at: float | None
     model_seconds: float | None
     ended_by: str | None = None
+    usage: RunUsage | None = None
+    """The tokens it used (None until it ended, or when the model server reported none)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form for ``GET /runs/{id}`` and the CLI."""
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__}
+        out["usage"] = dataclasses.asdict(self.usage) if self.usage is not None else None
         if self.started_at is not None and self.finished_at is not None:
             out["duration_seconds"] = round(self.finished_at - self.started_at, 6)
         return out
@@ -247,7 +251,10 @@ _RUN_FINISH = (runs_t.update().where(runs_t.c.id == sa.bindparam("b_id"), runs_t
                        error=sa.bindparam("b_error"), tool_calls=sa.bindparam("b_tool_calls"),
                        model_calls=sa.bindparam("b_model_calls"), model_seconds=sa.bindparam("b_model_seconds"),
                        ended_by=sa.bindparam("b_ended_by"), finished_at=sa.bindparam("b_now")))
-_RUN_BY_ID = sa.select(runs_t).where(runs_t.c.id == sa.bindparam("b_id"))
+_RUNS = (sa.select(runs_t, run_usage_t.c.model.label("usage_model"), run_usage_t.c.user_key,
+                  run_usage_t.c.prompt_tokens, run_usage_t.c.completion_tokens)
+         .select_from(runs_t.outerjoin(run_usage_t, run_usage_t.c.run_id == runs_t.c.id)))
+_RUN_BY_ID = _RUNS.where(runs_t.c.id == sa.bindparam("b_id"))
 _RUN_ATTEMPTS = (sa.select(runs_t.c.attempts)
                  .where(runs_t.c.id == sa.bindparam("b_id"), runs_t.c.status.not_in(FINAL_RUN_STATES))
                  .with_for_update())
@@ -636,7 +643,7 @@ class Store:
 
     async def list_runs(self, limit: int = 20, status: str | None = None) -> list[RunRow]:
         """Most recent runs first."""
-        query = sa.select(runs_t).order_by(runs_t.c.created_at.desc()).limit(limit)
+        query = _RUNS.order_by(runs_t.c.created_at.desc()).limit(limit)
         if status:
             query = query.where(runs_t.c.status == status)
         return [_run_row(r) for r in await self.db.read(lambda conn: conn.execute(query).all())]
@@ -752,7 +759,9 @@ def _inbox_row(r: Any) -> InboxRow:
 def _run_row(r: Any) -> RunRow:
     return RunRow(r.id, r.kind, r.source, r.session_key, r.status, json.loads(r.toolsets), r.prompt, r.deliver_to,
                   r.result, r.error, json.loads(r.tool_calls or "[]"), r.model_calls, r.attempts, r.created_at,
-                  r.started_at, r.finished_at, r.model_seconds, r.ended_by)
+                  r.started_at, r.finished_at, r.model_seconds, r.ended_by,
+                  None if r.usage_model is None else RunUsage(r.kind, r.user_key, r.usage_model, r.prompt_tokens,
+                                                              r.completion_tokens))
 
 
 def _outbox_row(r: Any) -> OutboxRow:

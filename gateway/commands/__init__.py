@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from gateway.commands import core  # noqa: F401  (registers its commands)
+from gateway.commands import background, busy, conversation, core, preferences, usage  # noqa: F401  (they register their commands)
 from gateway.commands.base import (
     ALIASES,
     COMMANDS,

@@ -1,0 +1,66 @@
+"""Steering: a chat message that joins the session's running agent loop instead of waiting for its own run.
+
+With busy mode ``steer`` (``/busy steer``), a message arriving while its session's chat run goes on is accepted
+into the inbox like any other, then offered to that run's ``SteerBox``. The agent loop takes what is waiting
+before each model call and adds it to the conversation as user messages (and to the stored transcript, in order).
+
+Invariant (never lost, answered once): a steered message's inbox row and run stay unfinished until the run that
+took it records its completion; ``Store.finish_run`` closes them in that same transaction (``RunCompletion.steered``,
+the steered run recorded with ``ended_by`` "steered"). The box lives in memory only: when the process dies before
+that commit, the interrupted run is redone from its start without the message, and the message, still pending in
+the inbox, is resumed after it as a run of its own. A message the run did not take (it arrived after the run's last
+model call, or the run was stopped first) is handed back when the box closes and runs next, as if queued.
+
+With several replicas a message steers only a run of this replica; a run going on elsewhere gets it queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Job = TypeVar("Job")
+
+
+@dataclass(slots=True, frozen=True)
+class Steered:
+    """A message taken by a run: its text, and the inbox event and run it was accepted as."""
+
+    text: str
+    inbox_id: int
+    run_id: str
+
+
+@dataclass(slots=True)
+class SteerBox(Generic[Job]):
+    """The messages offered to one running run: waiting ones (with the job each would otherwise run as) and
+    the ones the run took. Used on the event loop only, so offering and closing never race."""
+
+    _waiting: list[tuple[Steered, Job]] = field(default_factory=list)
+    taken: list[Steered] = field(default_factory=list)
+    """What the run added to its conversation, oldest first (recorded with the run's completion)."""
+    closed: bool = False
+
+    def offer(self, message: Steered, job: Job) -> bool:
+        """Hand a message to the run; False once the box is closed (the caller queues it instead)."""
+        if self.closed:
+            return False
+        self._waiting.append((message, job))
+        return True
+
+    def take(self) -> list[str]:
+        """The texts waiting now, marked as taken (the agent loop calls this before each model call)."""
+        waiting, self._waiting = self._waiting, []
+        self.taken += [message for message, _ in waiting]
+        return [message.text for message, _ in waiting]
+
+    def close(self) -> list[Job]:
+        """No more offers; the jobs of messages the run never took, oldest first (they run next)."""
+        self.closed = True
+        left, self._waiting = self._waiting, []
+        return [job for _, job in left]
+
+
+TakeSteered = Callable[[], list[str]]
+"""What the agent loop calls before each model call: the steering messages to add (``SteerBox.take``)."""
