@@ -175,13 +175,14 @@ run_usage_t = sa.Table(
     sa.Column("run_id", sa.String(64), primary_key=True),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("session_key", sa.String(255), nullable=False),
+    sa.Column("epoch", sa.Integer),  # the session's conversation (a chat run's; NULL for webhook and cron runs)
     sa.Column("user_key", sa.String(255)),
     sa.Column("model", sa.String(255), nullable=False),
     sa.Column("prompt_tokens", sa.Integer, nullable=False, default=0),
     sa.Column("completion_tokens", sa.Integer, nullable=False, default=0),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Index("ix_run_usage_user", "user_key", "created_at"),
-    sa.Index("ix_run_usage_session", "session_key", "created_at"),
+    sa.Index("ix_run_usage_session", "session_key", "epoch"),
 )
 
 platform_state_t = sa.Table(

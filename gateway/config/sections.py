@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import re
 import zoneinfo
 from collections.abc import Mapping
@@ -38,6 +39,24 @@ from gateway.config.errors import _invalid, _Problem, _raise_if, _suggest
 _MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
+def _check_price(value: Any) -> float:
+    try:
+        price = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        price = math.nan
+    if not math.isfinite(price) or price < 0:
+        raise _invalid("must be a price of 0 or more",
+                       f"got {value!r}: write US dollars per million tokens as a plain number, e.g. 0.15")
+    return price
+
+
+class ModelPrice(_Section):
+    """What a model costs, in US dollars per million tokens of its requests (input) and answers (output)."""
+
+    input: Annotated[float, BeforeValidator(_check_price)]
+    output: Annotated[float, BeforeValidator(_check_price)]
+
+
 class ModelSettings(_Section):
     """The OpenAI-compatible model endpoint and how runs use it."""
 
@@ -65,6 +84,8 @@ class ModelSettings(_Section):
     keep_recent_turns: int = Field(6, ge=1)
     # Models a chat may switch its session to with /model (``name`` is always allowed); empty: no switching.
     allowed: list[str] = Field(default_factory=list)
+    # Per model name, its price (``/usage`` shows the cost of the tokens used with it); unlisted: cost unknown.
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     @field_validator("system_prompt_file")
     @classmethod

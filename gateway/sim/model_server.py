@@ -84,9 +84,10 @@ def text(
     latency: float | None = None,
     chunk_delay: float | None = None,
     finish_reason: str | None = None,
+    usage: dict[str, int] | None = None,
 ) -> Turn:
-    """A text-only turn."""
-    return Turn(content=content, latency=latency, chunk_delay=chunk_delay, finish_reason=finish_reason)
+    """A text-only turn (``usage``: the token counts reported for it instead of the server's estimate)."""
+    return Turn(content=content, latency=latency, chunk_delay=chunk_delay, finish_reason=finish_reason, usage=usage)
 
 
 def tool_call(
@@ -97,6 +98,7 @@ def tool_call(
     content: str | None = None,
     latency: float | None = None,
     chunk_delay: float | None = None,
+    usage: dict[str, int] | None = None,
 ) -> Turn:
     """A turn calling one tool; ``args`` is a dict (JSON-encoded) or a raw arguments string."""
     return Turn(
@@ -104,6 +106,7 @@ def tool_call(
         tool_calls=(ToolCall(name, _args_json(args), id),),
         latency=latency,
         chunk_delay=chunk_delay,
+        usage=usage,
     )
 
 
