@@ -30,7 +30,7 @@ from gateway.reactions import Reactions
 from gateway.session_reset import ResetPolicy
 from gateway.session_settings import SessionSettings, SettingsStore
 from gateway.session_summary import ContextCompressor, PreparedHistory
-from gateway.steering import SteerBox
+from gateway.steering import SteerBox, TakeSteered
 from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, RunUsage, SessionRef, Store
 from gateway.tool_progress import start_progress, stop_progress
 from platforms.base import BasePlatformAdapter, MessageEvent, split_message
@@ -338,7 +338,7 @@ class RunExecutor:
                 usage.add(history.prompt_tokens, history.tokens - history.prompt_tokens)
                 outcome = await self.agent.run(messages, plan, tool_ctx, on_text=preview.update if preview else None,
                                                cancel=cancel, budget=budget, model=model, usage=usage,
-                                               steer=job.steering.take if job.steering is not None else None)
+                                               steer=self._steer(job))
                 await self._record_usage(job, context, outcome.prompt_tokens)
                 # The answer is delivered and the transcript stored (and shown to the model again): neither may
                 # carry a secret the model (or the user) echoed, plain or encoded.
@@ -376,8 +376,8 @@ class RunExecutor:
             self.metrics.runs_in_flight.labels(job.kind).dec()
             self._cancel.pop(job.run_id, None)
         self._stop_requested.discard(job.run_id)
-        if job.steering is not None:
-            done.steered = list(job.steering.taken)
+        taken = job.steering.taken if job.steering is not None else []
+        done.steered = [message for message, _ in taken]
         deliver = done.result is not None and job.target is not None
         if deliver and job.kind == "cron" and self.cron_hook is not None:
             deliver = await self.cron_hook.should_deliver(job, done)
@@ -395,7 +395,22 @@ class RunExecutor:
             self.metrics.run_latency.labels(job.kind).observe(time.perf_counter() - started)
             if job.kind == "cron" and self.cron_hook is not None:
                 await self.cron_hook.run_finished(job, done, deliver)
-            await self.reactions.finished(job.kind, job.target, done.status)
+            for message_job in [job, *(steered_job for _, steered_job in taken)]:
+                await self.reactions.finished(message_job.kind, message_job.target, done.status)
+
+    def _steer(self, job: RunJob) -> TakeSteered | None:
+        """For the agent loop: the texts of messages steered into the run since its last model call, each message's
+        status reaction now working (gateway/steering.py)."""
+        box = job.steering
+        if box is None:
+            return None
+
+        def take() -> list[str]:
+            taken = box.take()
+            for _, steered_job in taken:
+                self.reactions.working(steered_job.kind, steered_job.target)
+            return [message.text for message, _ in taken]
+        return take
 
     def _parts(self, job: RunJob, text: str, preview_id: str | None) -> list[OutboxPart]:
         if job.kind == "background":  # the chat goes on meanwhile: say which task this answers

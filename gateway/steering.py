@@ -11,6 +11,10 @@ that commit, the interrupted run is redone from its start without the message, a
 the inbox, is resumed after it as a run of its own. A message the run did not take (it arrived after the run's last
 model call, or the run was stopped first) is handed back when the box closes and runs next, as if queued.
 
+The user sees a steered message's status reaction (gateway/reactions.py) turn to working when the run takes it and
+end as the run ends. No message of its own: the answer shows the steer, and a note sent as the message is offered
+could be wrong (the run may end before taking it).
+
 With several replicas a message steers only a run of this replica; a run going on elsewhere gets it queued.
 """
 
@@ -34,11 +38,11 @@ class Steered:
 
 @dataclass(slots=True)
 class SteerBox(Generic[Job]):
-    """The messages offered to one running run: waiting ones (with the job each would otherwise run as) and
-    the ones the run took. Used on the event loop only, so offering and closing never race."""
+    """The messages offered to one running run, each with the job it would otherwise run as: those waiting and
+    those the run took. Used on the event loop only, so offering and closing never race."""
 
     _waiting: list[tuple[Steered, Job]] = field(default_factory=list)
-    taken: list[Steered] = field(default_factory=list)
+    taken: list[tuple[Steered, Job]] = field(default_factory=list)
     """What the run added to its conversation, oldest first (recorded with the run's completion)."""
     closed: bool = False
 
@@ -49,11 +53,11 @@ class SteerBox(Generic[Job]):
         self._waiting.append((message, job))
         return True
 
-    def take(self) -> list[str]:
-        """The texts waiting now, marked as taken (the agent loop calls this before each model call)."""
+    def take(self) -> list[tuple[Steered, Job]]:
+        """The messages waiting now, marked as taken (before each of the run's model calls)."""
         waiting, self._waiting = self._waiting, []
-        self.taken += [message for message, _ in waiting]
-        return [message.text for message, _ in waiting]
+        self.taken += waiting
+        return waiting
 
     def close(self) -> list[Job]:
         """No more offers; the jobs of messages the run never took, oldest first (they run next)."""
@@ -63,4 +67,4 @@ class SteerBox(Generic[Job]):
 
 
 TakeSteered = Callable[[], list[str]]
-"""What the agent loop calls before each model call: the steering messages to add (``SteerBox.take``)."""
+"""What the agent loop calls before each model call: the texts of the steering messages to add."""

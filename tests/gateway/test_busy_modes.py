@@ -9,7 +9,7 @@ import pytest
 
 from gateway.sim.model_server import text, tool_call
 from gateway.store import ChatMessage, Store
-from tests.gateway.telegram_chat import SESSION, TelegramChat, telegram_chat
+from tests.gateway.telegram_chat import CHAT, SESSION, TelegramChat, telegram_chat
 
 
 async def _transcript(store: Store) -> list[tuple[str, str | None]]:
@@ -58,11 +58,11 @@ async def test_interrupt_cancels_the_running_run_and_answers_the_new_message(tmp
 async def test_steer_adds_the_message_to_the_running_agent_loop(tmp_path: Path) -> None:
     """The steering message is in the run's second model request, as a user message after the tool's result; one
     run, one answer; the steered message's inbox event and run end with that run, and the transcript keeps the
-    order the model saw."""
+    order the model saw. The message's status reaction shows it received, taken (working), then done."""
     async with telegram_chat(tmp_path) as chat:
         gate = chat.script.on("first", tool_call("todo", {"action": "list"}), held=True)
         await _busy_run(chat, "steer")
-        await chat.says("also this")
+        steering = await chat.says("also this")
         gate.set()
         answer = await chat.wait_for_text("Echo: also this")
         assert answer.result["reply_to_message"]["text"] == "first"
@@ -76,6 +76,9 @@ async def test_steer_adds_the_message_to_the_running_agent_loop(tmp_path: Path) 
         assert await _transcript(chat.store) == [("user", "first"), ("assistant", "todo"),
                                                  ("tool", second[-2]["content"]), ("user", "also this"),
                                                  ("assistant", "Echo: also this")]
+        await chat.sim.wait_for(lambda: chat.sim.bot_reaction(CHAT, steering) == ["👍"])
+        assert [[r["emoji"] for r in c.params["reaction"]] for c in chat.sim.reaction_calls(CHAT)
+                if int(c.params["message_id"]) == steering] == [["👀"], ["✍"], ["👍"]]
 
 
 async def test_steer_after_the_last_model_call_runs_the_message_next(tmp_path: Path) -> None:
