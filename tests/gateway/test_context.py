@@ -210,7 +210,7 @@ async def test_a_failed_summary_still_answers_with_the_turns_that_fit_and_is_tri
     assert sent[-3:] == [{"role": "user", "content": "turn 199: question"},
                          {"role": "assistant", "content": "turn 199: answer"},
                          {"role": "user", "content": "still there?"}]
-    assert "turn 170: question" in [m["content"] for m in sent]  # more than the 6 recent: all that fit
+    assert len(sent) > 1 + 6 + 1  # more than the 6 recent messages: all that fit
     assert _size(sent) < LIMIT and "turn 0: question" not in json.dumps(sent)
     assert h.chat.final_texts() == ["Echo: still there?"]
     (run,) = await h.gateway.store.list_runs()
