@@ -579,6 +579,16 @@ class Store:
             query = query.where(inbox_t.c.status == status)
         return int(await self.db.read(lambda conn: conn.execute(query).scalar_one()))
 
+    async def unfinished_background(self, session_prefix: str) -> list[tuple[str, str]]:
+        """(task id, inbox status) of the background tasks (``/background``) in sessions whose key starts with
+        ``session_prefix`` that have not finished, oldest first (only unfinished events are read: few)."""
+        query = (sa.select(inbox_t.c.payload, inbox_t.c.status)
+                 .where(inbox_t.c.status.in_(_UNFINISHED), inbox_t.c.kind == "background",
+                        inbox_t.c.session_key.startswith(session_prefix, autoescape=True))
+                 .order_by(inbox_t.c.id))
+        rows = await self.db.read(lambda conn: conn.execute(query).all())
+        return [(json.loads(r.payload)["source"], r.status) for r in rows]
+
     # -- runs ------------------------------------------------------------
 
     async def start_run(self, run_id: str, inbox_id: int | None, session: SessionRef | None = None,

@@ -33,6 +33,13 @@ async def _background(ctx: CommandContext) -> str:
     return f"Background task {task} started. Keep chatting; its answer will come here. /stop {task} cancels it."
 
 
+async def background_tasks(ctx: CommandContext) -> str:
+    """For ``/status``: a line naming the chat's unfinished background tasks, or nothing when there are none."""
+    tasks = await ctx.host.store.unfinished_background(background_session_key(ctx.session_key, ""))
+    states = {"pending": "waiting", "running": "running"}
+    return "\nBackground: " + ", ".join(f"{task} ({states[status]})" for task, status in tasks) if tasks else ""
+
+
 async def stop_background(ctx: CommandContext, task: str) -> str:
     """``/stop ID``: cancel the chat's background task ``task`` (running, or accepted and not started yet)."""
     task = task.lower()

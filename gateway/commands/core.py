@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from gateway.commands.background import stop_background
+from gateway.commands.background import background_tasks, stop_background
 from gateway.commands.base import ALIASES, COMMANDS, CommandContext, command
 from gateway.commands.permissions import admin_only, enabled
 from gateway.session_settings import clear_title
@@ -41,8 +41,9 @@ async def _status(ctx: CommandContext) -> str:
     s = ctx.host.session_status(ctx.session_key)
     chosen = await ctx.host.settings.session(ctx.session_key)
     title = f"\nTitle: {chosen.title}" if chosen.title else ""
+    tasks = await background_tasks(ctx)
     return (f"Model: {ctx.host.model_for(chosen.model)}{title}\nSession: {ctx.session_key}"
-            f"\nRunning: {'yes' if s['busy'] else 'no'}\nQueued: {s['queued']}\nUptime: {s['uptime']}")
+            f"\nRunning: {'yes' if s['busy'] else 'no'}\nQueued: {s['queued']}{tasks}\nUptime: {s['uptime']}")
 
 
 @command("tools", "list the tools available here")

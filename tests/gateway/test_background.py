@@ -44,15 +44,17 @@ async def test_background_answer_comes_after_a_foreground_exchange(tmp_path: Pat
         assert run.session_key == background_session_key(SESSION, task)
 
 
-async def test_stop_with_an_id_stops_that_background_task(tmp_path: Path) -> None:
+async def test_status_lists_a_background_task_and_stop_with_its_id_stops_it(tmp_path: Path) -> None:
     async with telegram_chat(tmp_path) as chat:
         chat.script.on(PROMPT, text("never sent"), held=True)
         await chat.start()
         task, _ = await _background(chat)
         await chat.model.wait_for_requests(1)
+        assert f"\nBackground: {task} (running)\n" in await chat.command("/status")
         assert await chat.command("/stop") == "Nothing is running."  # plain /stop: the chat's own run
         assert await chat.command("/stop abcdef") == "No background task abcdef is running here."
         assert await chat.command(f"/stop {task}") == f"Stopped background task {task}."
+        assert "Background:" not in await chat.command("/status")
         run = next(r for r in await chat.store.list_runs() if r.kind == "background")
         assert (run.status, run.error) == ("cancelled", "stopped by user")
         assert await chat.command(f"/stop {task}") == f"No background task {task} is running here."
