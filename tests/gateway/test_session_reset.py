@@ -284,7 +284,8 @@ async def test_the_daily_reset_hour_in_a_non_utc_zone(world: World, last_active:
         assert world.history_sent() == ["my name is Ada", "Echo: my name is Ada", "what is my name?"]
 
 
-async def test_a_run_redone_after_a_restart_resets_once_and_announces_once(world: World, store_url: str) -> None:
+async def test_a_run_redone_after_a_restart_resets_once_and_announces_once(store_url: str, world: World) -> None:
+    # store_url first: its database outlives the gateways (fixtures end in reverse order).
     gw = await world.start({"reset_after_idle_minutes": 60}, store_url)
     await world.say("my name is Ada")
     assert gw.store is not None
