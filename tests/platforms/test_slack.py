@@ -545,3 +545,22 @@ def test_config_requires_the_tokens_of_the_chosen_mode() -> None:
 def test_long_answers_split_into_readable_parts() -> None:
     parts = SlackAdapter(SlackSettings(bot_token="xoxb-1")).split("word " * 2000)
     assert len(parts) == 3 and all(len(p) <= MAX_PART_LENGTH for p in parts)
+
+
+async def test_reactions_replace_and_remove_and_stop_after_missing_scope(sim: SlackSimulator) -> None:
+    adapter = SlackAdapter(_settings(sim))
+    await adapter.connect(_Inbox(), receive=False)
+    try:
+        action = await sim.user_sends_dm("react")
+        channel = action.message.channel
+        assert (await adapter.set_reaction(channel, action.ts, "eyes")).success
+        assert (await adapter.set_reaction(channel, action.ts, "eyes")).success  # already_reacted is no failure
+        assert (await adapter.set_reaction(channel, action.ts, None, "eyes")).success  # only removes
+        assert sim.bot_reactions(channel, action.ts) == []
+        sim.scopes.discard("reactions:write")
+        refused = await adapter.set_reaction(channel, action.ts, "tada")
+        assert not refused.success and refused.error == "slack: reactions.add: missing_scope"
+        assert not (await adapter.set_reaction(channel, action.ts, "tada")).success
+        assert [c.error for c in sim.calls_of("reactions.add")] == [None, "already_reacted", "missing_scope"]
+    finally:
+        await adapter.disconnect()
