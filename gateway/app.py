@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import model_tools
+from gateway import tokens
 from gateway.adapters import build_adapters, receives_on
 from gateway.agent import Agent, build_client, load_sdk_modules
 from gateway.config import Config
@@ -125,6 +126,7 @@ class Gateway:
         tool_settings(cfg).apply()
         # Probes the machine (a short subprocess); the workers then start in the background.
         self.sandbox = await asyncio.to_thread(start_sandbox, cfg)
+        await asyncio.to_thread(tokens.warm)  # runs count their history's tokens: no vocabulary load on the loop
         if self.sandbox is not None:
             self.metrics.watch_sandbox(self.sandbox.stats)
         if cfg.mcp_servers:

@@ -57,6 +57,8 @@ async def _compress(ctx: CommandContext) -> str:
     prepared = await ctx.host.compress_session(ctx.session_key, ctx.event)
     if prepared is None:
         return "Compression is off on this gateway (its operator sets model.context_tokens to turn it on)."
+    if not prepared.compressed and prepared.model_calls:
+        return "The model could not write a summary just now; the conversation is unchanged. Try again later."
     if not prepared.compressed:
         return "Nothing to compress yet: the conversation is only its most recent turns."
     return (f"Compressed the earlier conversation into a summary; the next request starts from it and the "

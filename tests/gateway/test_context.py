@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+import bpe_openai
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -38,9 +39,14 @@ def _system(request: dict[str, Any]) -> str:
 
 
 def _size(messages: list[dict[str, Any]]) -> int:
-    """The chars/4 estimate the gateway uses (agent.message_tokens)."""
-    return sum((len(m.get("content") or "") + (len(json.dumps(m["tool_calls"])) if m.get("tool_calls") else 0))
-               // 4 + 4 for m in messages)
+    """Tokens as the gateway counts a request (agent.message_tokens): o200k_base, plus 4 per message."""
+    enc = bpe_openai.get_encoding("o200k_base")
+
+    def tokens(text: str) -> int:
+        return len(enc.encode_ordinary(text))
+    return sum(tokens(m.get("content") or "") + 4
+               + (tokens(json.dumps(m["tool_calls"], ensure_ascii=False)) if m.get("tool_calls") else 0)
+               for m in messages)
 
 
 # -- memory in the prompt -------------------------------------------------------------------------------
@@ -115,7 +121,7 @@ async def _seed(h: Harness, turns: int, start: int = 0) -> None:
         if i % 5 == 0:
             call = [{"id": f"c{i}", "type": "function", "function": {"name": "web_fetch", "arguments": "{}"}}]
             rows.append({"role": "assistant", "tool_calls": json.dumps(call)})
-            rows.append({"role": "tool", "content": f"page {i} " + "z" * 3000, "tool_call_id": f"c{i}"})
+            rows.append({"role": "tool", "content": f"page {i} " + "z" * 1500, "tool_call_id": f"c{i}"})  # 750 tokens
         rows.append({"role": "assistant", "content": f"turn {i}: answer"})
     now = time.time()
     values = [{"session_key": SESSION, "epoch": epoch, "content": None, "tool_calls": None, "tool_call_id": None,
@@ -133,7 +139,7 @@ async def test_a_long_session_is_compressed_and_compressed_again(make_gateway) -
     assert compress["messages"][0] == {"role": "system", "content": COMPRESS_PROMPT}
     fold = compress["messages"][1]["content"]
     assert "Earlier summary" not in fold and "turn 193: answer" in fold
-    assert "page 190 zzz" in fold and "[shortened: 3009 characters]" in fold and "z" * 400 not in fold
+    assert "page 190 zzz" in fold and "[shortened: 1509 characters]" in fold and "z" * 400 not in fold
     assert "tools" not in compress and compress["max_tokens"] == 250
     sent = request["messages"]
     assert sent[1] == {"role": "system", "content": SUMMARY_PREFIX + "SUMMARY-ONE of the first turns"}
@@ -168,7 +174,7 @@ async def test_a_session_under_the_limit_is_sent_whole_and_tool_results_shortene
     (request,) = h.model.requests
     tools = [m["content"] for m in request["messages"] if m["role"] == "tool"]
     assert [t.split(" ")[:2] for t in tools] == [["page", "0"], ["page", "5"]]
-    assert tools[0].endswith("[shortened: 3007 characters]") and len(tools[1]) == 3007  # the recent one whole
+    assert tools[0].endswith("[shortened: 1507 characters]") and len(tools[1]) == 1507  # the recent one whole
     assert len(request["messages"]) == 1 + 16 + 1
 
 

@@ -234,6 +234,20 @@ async def test_compress_summarises_now_and_the_next_request_starts_from_the_summ
     assert [m["content"] for m in sent[2:]] == ["turn 2", "Answer 3 to: turn 2", "after"]
 
 
+async def test_compress_says_so_when_the_summary_fails_and_changes_nothing(tg) -> None:
+    sim, model, start = tg
+    await start({"model": {"context_tokens": 100000, "keep_recent_turns": 2}})
+    assert await _say(sim, "/compress") == "Nothing to compress yet: the conversation is only its most recent turns."
+    for i in range(3):
+        await _exchange(sim, f"turn {i}")
+    model.fail_next(1, status=500)
+    assert await _say(sim, "/compress") == (
+        "The model could not write a summary just now; the conversation is unchanged. Try again later.")
+    await _exchange(sim, "after")
+    assert [m["content"] for m in model.requests[-1]["messages"][1:]] == [
+        "turn 0", "Answer 1 to: turn 0", "turn 1", "Answer 2 to: turn 1", "turn 2", "Answer 3 to: turn 2", "after"]
+
+
 async def test_compress_without_context_tokens_says_it_is_off(tg) -> None:
     sim, model, start = tg
     await start()
