@@ -4,8 +4,8 @@ With ``model.context_tokens`` set, a run's history is the session's stored summa
 and the messages after it. When the request would pass ``model.compress_at`` of ``context_tokens``, tool
 results in older turns are shortened first; if that is not enough, the older turns (and the previous
 summary) are summarised by the model, the last ``model.keep_recent_turns`` messages staying verbatim.
-The size is the larger of the chars/4 estimate and what the model server reported for the session's last
-request (``usage.prompt_tokens``, which also counts what the estimate cannot see, such as tool schemas).
+The size is the larger of the tokenizer's count (gateway/tokens.py) and what the model server reported for the
+session's last request (``usage.prompt_tokens``, which also counts what the estimate cannot see, such as tool schemas).
 When the model fails to write the summary (an error, a timeout, an empty answer) the run still answers: its
 history is the newest messages that fit, as without compression; nothing is stored, so a later run tries again.
 """
