@@ -11,7 +11,6 @@ Reactions are best-effort: a failed call is logged and never fails or delays a r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Literal, Protocol
@@ -61,10 +60,10 @@ class Reactions:
     async def finished(self, kind: str, target: ChatTarget | None, status: str) -> None:
         """A run of ``kind`` ended with ``status`` (completed, failed, cancelled): for a chat run, show it on its
         message, waiting up to ``FINISH_TIMEOUT`` for the message's calls."""
-        if kind != "chat" or target is None:
-            return
         state = _END_STATES.get(status)
-        task = state and self._show(target.platform, target.chat_id, target.reply_to, target.thread_id, state)
+        if kind != "chat" or target is None or state is None:
+            return
+        task = self._show(target.platform, target.chat_id, target.reply_to, target.thread_id, state)
         if task is not None:
             await asyncio.wait({task}, timeout=FINISH_TIMEOUT)
 
@@ -114,5 +113,4 @@ class Reactions:
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -376,8 +376,8 @@ class Router:
             self.lanes.cancel_current(key)
 
     async def stop_sweeping(self) -> None:
-        """Stop looking for unattended events, asking other replicas to stop work and showing status reactions
-        not shown yet (shutdown)."""
+        """Stop looking for unattended events and asking other replicas to stop work; drop status reactions not
+        shown yet (shutdown)."""
         tasks = [t for t in (self._sweeper, *self._background) if t is not None]
         for task in tasks:
             task.cancel()
