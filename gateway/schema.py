@@ -1,18 +1,23 @@
-"""The database schema: every table, and the steps from each earlier schema version to this one.
+"""The database schema: every table, and migrating a database to it (the revisions are in gateway/migrations).
 
-Modules that keep their own state (cron jobs, pairing codes) add their tables to ``metadata``;
-``migrate`` creates whatever a database lacks and runs the version steps in order.
+Modules that keep their own state (cron jobs, pairing codes) add their tables to ``metadata``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import functools
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
+
+from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
@@ -207,55 +212,82 @@ def insert_ignoring_conflicts(dialect: str, table: sa.Table, key: str | tuple[st
     return insert(table).on_conflict_do_nothing(index_elements=columns).returning(*table.c)
 
 
-# -- schema versions ---------------------------------------------------------
+# -- migrations (gateway/migrations: Alembic) -------------------------------------------------------------------
 
 
-def _v2_outbox_claims(conn: Connection) -> None:
-    """outbox: ordering lanes, claims (who is sending a part) and the in-doubt count; inbox by session."""
-    for column in ("lane VARCHAR(800) NOT NULL DEFAULT ''", "claimed_by VARCHAR(64)", "claim_until FLOAT",
-                   "in_doubt INTEGER NOT NULL DEFAULT 0"):
-        conn.exec_driver_sql(f"ALTER TABLE outbox ADD COLUMN {column}")
-    conn.exec_driver_sql("UPDATE outbox SET lane = platform || ':' || chat_id")
-    next(ix for ix in outbox_t.indexes if ix.name == "ix_outbox_lane").create(conn)
-    next(ix for ix in inbox_t.indexes if ix.name == "ix_inbox_session").create(conn)
+def _revision(version: int) -> str:
+    return f"{version:04d}"
 
 
-def _v3_runs_ended_by(conn: Connection) -> None:
-    """runs: how a completed run's answer ended (a whole answer, or cut off, out of budget ...)."""
-    conn.exec_driver_sql("ALTER TABLE runs ADD COLUMN ended_by VARCHAR(32)")
+HEAD_REVISION = _revision(SCHEMA_VERSION)
+_alembic_version_t = sa.Table("alembic_version", sa.MetaData(), sa.Column("version_num", sa.String(32)))
 
 
-def _v4_session_summaries(conn: Connection) -> None:
-    """session_summaries: a session's compressed earlier conversation and its last reported prompt size."""
-    session_summaries_t.create(conn, checkfirst=True)
-
-
-def _v5_conversation(conn: Connection) -> None:
-    """session_settings, user_settings, run_usage: per-session model/title/busy/verbose, home channels, usage;
-    sessions: the reset policy's last reset."""
-    for table in (session_settings_t, user_settings_t, run_usage_t):
-        table.create(conn, checkfirst=True)
-    if "last_reset" not in {c["name"] for c in sa.inspect(conn).get_columns("sessions")}:  # (tests set v5 back)
-        conn.exec_driver_sql("ALTER TABLE sessions ADD COLUMN last_reset TEXT")
-
-
-_MIGRATIONS = {2: _v2_outbox_claims, 3: _v3_runs_ended_by, 4: _v4_session_summaries, 5: _v5_conversation}
+def current_revision(conn: Connection) -> tuple[int | None, str | None]:
+    """The database's ``meta.schema_version`` and Alembic revision (None where absent)."""
+    tables = set(sa.inspect(conn).get_table_names())
+    version = (conn.execute(sa.select(meta_t.c.value).where(meta_t.c.key == "schema_version")).scalar()
+               if "meta" in tables else None)
+    revision = conn.execute(sa.select(_alembic_version_t.c.version_num)).scalar() \
+        if "alembic_version" in tables else None
+    return (int(version) if version is not None else None), revision
 
 
 def migrate(conn: Connection) -> None:
-    """Bring the schema to SCHEMA_VERSION; concurrent starts of several processes take turns."""
+    """Bring the schema to ``SCHEMA_VERSION`` with the Alembic revisions (in the caller's transaction): a new
+    database gets every table and the head revision; one from before Alembic (``meta.schema_version`` only) is
+    stamped at its version first. Several processes starting at once take turns (see ``upgrade``)."""
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-    meta_t.create(conn, checkfirst=True)
-    row = conn.execute(sa.select(meta_t.c.value).where(meta_t.c.key == "schema_version")).first()
-    version = int(row[0]) if row is not None else None
+    version, revision = current_revision(conn)
     if version is not None and version > SCHEMA_VERSION:
         raise RuntimeError(f"database schema v{version} is newer than this gateway (v{SCHEMA_VERSION})")
-    for step in range((version or SCHEMA_VERSION) + 1, SCHEMA_VERSION + 1):
-        logger.info("migrating the database schema to v%d: %s", step, _MIGRATIONS[step].__doc__)
-        _MIGRATIONS[step](conn)
-    metadata.create_all(conn)  # a fresh database, and tables of modules added since (checkfirst)
+    if revision == HEAD_REVISION and version == SCHEMA_VERSION:
+        return  # the common start: nothing to do, and Alembic is not even imported
+    from alembic import command  # imported only when there is something to migrate
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", "gateway:migrations")
+    cfg.attributes["connection"] = conn
+    if version is None and revision is None:  # a new database
+        metadata.create_all(conn)
+        command.stamp(cfg, HEAD_REVISION)
+    else:
+        if revision is None:
+            command.stamp(cfg, _revision(version or 1))
+        logger.info("migrating the database schema from v%s to v%d", version, SCHEMA_VERSION)
+        command.upgrade(cfg, HEAD_REVISION)
+        metadata.create_all(conn)  # tables of modules that came without a revision (checkfirst)
+    meta_t.create(conn, checkfirst=True)
     if version is None:
         conn.execute(meta_t.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-    elif version != SCHEMA_VERSION:
+    else:
         conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
+
+
+@contextlib.contextmanager
+def _file_lock(db: Database) -> Iterator[None]:
+    """On a SQLite file: an exclusive lock beside it while the schema is migrated, so a second process waits
+    for the first's whole migration (however long) rather than failing after SQLite's busy timeout."""
+    path = db.engine.url.database if db.dialect == "sqlite" else None
+    if not path or path == ":memory:":
+        yield
+        return
+    with open(f"{path}.migrate-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+async def upgrade(db: Database) -> None:
+    """Migrate the database's schema (``migrate``), one process at a time: PostgreSQL's advisory lock is taken
+    in the migration's transaction, a SQLite file's lock around it (acquired off the event loop)."""
+    lock = _file_lock(db)
+    await asyncio.to_thread(lock.__enter__)
+    try:
+        await db.write(migrate)
+    finally:
+        lock.__exit__(None, None, None)

@@ -25,11 +25,11 @@ from gateway.schema import (
     inbox_t,
     insert_ignoring_conflicts,
     messages_t,
-    migrate,
     outbox_t,
     run_usage_t,
     runs_t,
     sessions_t,
+    upgrade,
 )
 from gateway.steering import Steered
 
@@ -514,7 +514,7 @@ class Store:
         """Connect, create or migrate the schema, and return the store."""
         db = Database.connect(url)
         try:
-            await db.write(migrate)
+            await upgrade(db)
         except BaseException:
             await db.close()
             raise

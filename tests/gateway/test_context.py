@@ -12,7 +12,6 @@ from typing import Any
 import bpe_openai
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from gateway.memory_prompt import MEMORY_HEADER, format_memory
 from gateway.schema import SCHEMA_VERSION, messages_t, meta_t
@@ -21,6 +20,7 @@ from gateway.sim.model_server import Turn, default_responder, rules, tool_call
 from gateway.state_stores import ToolStateStore
 from gateway.store import Store
 from tests.conftest import Harness
+from tests.gateway.schema_history import back_to
 
 SESSION = "telegram:dm:100"
 CONTEXT = {"model": {"context_tokens": 2000, "compress_at": 0.75, "keep_recent_turns": 6}}
@@ -253,11 +253,7 @@ async def test_a_version_3_database_gets_the_session_summaries_table(store_url: 
     first = await Store.open(store_url)
     await SummaryStore(first).save("s", 0, summary="kept", through_id=7)
 
-    def back_to_v3(conn: Connection) -> None:
-        conn.exec_driver_sql("DROP TABLE session_summaries")
-        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="3"))
-
-    await first.db.write(back_to_v3)
+    await first.db.write(lambda conn: back_to(conn, 3))
     await first.close()
     upgraded = await Store.open(store_url)
     try:

@@ -15,17 +15,17 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from gateway.app import Gateway
 from gateway.config import ConfigError, parse_config
-from gateway.schema import meta_t, sessions_t
+from gateway.schema import sessions_t
 from gateway.session_reset import DAILY, IDLE, ResetPolicy
 from gateway.sim.model_server import ScriptedModel
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
 from gateway.state_stores import ToolStateStore
 from gateway.store import NewRun, SessionRef, SessionReset, Store
 from tests.conftest import SIM_MODEL_KEY
+from tests.gateway.schema_history import back_to
 from tools.cronjob_tools import CronJob, parse_schedule
 
 USER = DEFAULT_USER_ID
@@ -218,11 +218,7 @@ async def test_a_version_4_database_gets_the_last_reset_column(store_url: str) -
     first = await Store.open(store_url)
     await first.session_epoch(KEY, "telegram", str(USER), str(USER), None)
 
-    def back_to_v4(conn: Connection) -> None:
-        conn.exec_driver_sql("ALTER TABLE sessions DROP COLUMN last_reset")
-        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="4"))
-
-    await first.db.write(back_to_v4)
+    await first.db.write(lambda conn: back_to(conn, 4))
     await first.close()
     upgraded = await Store.open(store_url)
     try:

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from gateway.schema import SCHEMA_VERSION, meta_t
 from gateway.session_settings import HomeChannel, SessionSettings, SettingsStore
 from gateway.store import ChatMessage, Claim, NewRun, OutboxPart, RunCompletion, Store
+from tests.gateway.schema_history import back_to
 
 KEY = "telegram:dm:100"
 
@@ -250,15 +250,7 @@ async def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None
     (old,) = await first.enqueue(_parts("rA", 1))
     _, run_id = await _accept_run(first, "telegram:1")
 
-    def back_to_v1(conn: Connection) -> None:
-        conn.exec_driver_sql("DROP INDEX ix_outbox_lane")
-        conn.exec_driver_sql("DROP INDEX ix_inbox_session")
-        for column in ("lane", "claimed_by", "claim_until", "in_doubt"):
-            conn.exec_driver_sql(f"ALTER TABLE outbox DROP COLUMN {column}")
-        conn.exec_driver_sql("ALTER TABLE runs DROP COLUMN ended_by")
-        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="1"))
-
-    await first.db.write(back_to_v1)
+    await first.db.write(lambda conn: back_to(conn, 1))
     await first.close()
     upgraded = await Store.open(store_url)
     try:
@@ -273,15 +265,9 @@ async def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None
 
 
 async def test_a_version_2_database_gets_the_runs_ended_by_column(store_url: str) -> None:
-    """Fails on the mutant ``_MIGRATIONS = {2: _v2_outbox_claims}`` (step 3 missing: the upgrade stops)."""
     first = await Store.open(store_url)
     inbox_id, run_id = await _accept_run(first, "telegram:1")
-
-    def back_to_v2(conn: Connection) -> None:
-        conn.exec_driver_sql("ALTER TABLE runs DROP COLUMN ended_by")
-        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="2"))
-
-    await first.db.write(back_to_v2)
+    await first.db.write(lambda conn: back_to(conn, 2))
     await first.close()
     upgraded = await Store.open(store_url)
     try:
@@ -308,15 +294,8 @@ async def test_new_parts_are_claimed_for_their_sender_only_when_first_in_their_l
 
 
 async def test_a_version_4_database_gets_the_conversation_tables(store_url: str) -> None:
-    """Fails on the mutant that drops step 5 from ``_MIGRATIONS`` (the upgrade stops at v4)."""
     first = await Store.open(store_url)
-
-    def back_to_v4(conn: Connection) -> None:
-        for table in ("session_settings", "user_settings", "run_usage"):
-            conn.exec_driver_sql(f"DROP TABLE {table}")
-        conn.execute(meta_t.update().where(meta_t.c.key == "schema_version").values(value="4"))
-
-    await first.db.write(back_to_v4)
+    await first.db.write(lambda conn: back_to(conn, 4))
     await first.close()
     upgraded = await Store.open(store_url)
     try:
