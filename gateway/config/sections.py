@@ -118,6 +118,13 @@ class HttpSettings(_Section):
     port: int = Field(8080, ge=0, le=65535)
     api_token: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
     max_body_bytes: int = Field(1048576, ge=1)
+    # Slow and many clients (README: HTTP limits): deadlines in seconds, open connections, failed-request buckets.
+    header_timeout: float = Field(10.0, gt=0)
+    body_timeout: float = Field(30.0, gt=0)
+    keepalive_timeout: float = Field(15.0, gt=0)
+    max_connections: int = Field(512, ge=1)
+    per_ip_burst: int = Field(200, ge=0)
+    per_ip_rate: float = Field(2.0, gt=0)
 
 
 class GatewaySettings(_Section):

@@ -20,6 +20,7 @@ import yaml
 import model_tools
 from gateway.config import ConfigError, parse_config
 from gateway.sim.model_server import rules, text, tool_call
+from tests.conftest import API_TOKEN
 from tools.mcp_tool import McpServerStatus, McpState
 from tools.registry import registry
 from toolsets import TOOLSETS, ToolsetError, resolve_toolset, set_source_toolset
@@ -144,7 +145,7 @@ async def test_dead_servers_leave_the_gateway_healthy(make_gateway) -> None:
     await wait_mcp(h, "closed", lambda s: s.failures >= 1)
     async with h.http.get(f"{h.base_url}/healthz") as r:
         assert r.status == 200
-    async with h.http.get(f"{h.base_url}/readyz") as r:
+    async with h.http.get(f"{h.base_url}/readyz", headers={"Authorization": f"Bearer {API_TOKEN}"}) as r:
         ready = await r.json()
     assert r.status == 200 and ready["ready"] is True
     assert ready["mcp"]["gone"]["state"] in ("disconnected", "connecting")

@@ -14,6 +14,7 @@ import pytest
 
 import model_tools
 from gateway.sim.model_server import rules, tool_call
+from tests.conftest import API_TOKEN
 from tools.plugins import ENTRY_POINT_GROUP, LoadedPlugins, load_plugins
 from tools.registry import registry
 from toolsets import TOOLSETS
@@ -180,7 +181,7 @@ async def test_gateway_loads_plugins_reports_failures_and_uses_them_in_chat(make
         {"plugins": {"dir": str(plugins), "entry_points": False},
          "toolsets": {"telegram": ["hermes-telegram", "plugin-greet", "plugin-broken"]}},
         responder=rules((r"greet", tool_call("greet", {"name": "Grace"}))))
-    async with h.http.get(f"{h.base_url}/readyz") as r:
+    async with h.http.get(f"{h.base_url}/readyz", headers={"Authorization": f"Bearer {API_TOKEN}"}) as r:
         ready = await r.json()
     assert r.status == 200 and ready["ready"] is True
     assert ready["plugins"]["greet"] == {"status": "loaded", "source": str(plugins / "greet.py"),
