@@ -4,6 +4,8 @@ Order of checks: route known (404), body size (413, before any hashing), signatu
 (401), rate limit (429, so forged requests cannot spend a route's budget), JSON (400),
 event filter (200, ignored). Only then is the event offered to the gateway; the
 response is 202 with the run id once it is durably accepted (200 for a repeat).
+Before any of these, the HTTP server answers 429 to an address whose failed requests
+have used up its bucket, and bounds how long the body may take (gateway/http_limits.py).
 """
 
 from __future__ import annotations
