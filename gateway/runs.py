@@ -27,6 +27,7 @@ from gateway.metrics import Metrics
 from gateway.model_errors import ModelError
 from gateway.outbox import OutboxSender
 from gateway.reactions import Reactions
+from gateway.session import chat_session_of
 from gateway.session_reset import ResetPolicy
 from gateway.session_settings import SessionSettings, SettingsStore
 from gateway.session_summary import ContextCompressor, PreparedHistory
@@ -301,7 +302,9 @@ class RunExecutor:
         if context is None:
             logger.info("run %s already finished; not running it again", job.run_id)
             return
-        chosen = await self.settings.session(job.session_key) if job.kind == "chat" else SessionSettings()
+        # A chat's choices (/model, /verbose) hold for its runs and its background tasks.
+        chosen = (await self.settings.session(chat_session_of(job.session_key)) if job.kind in ("chat", "background")
+                  else SessionSettings())
         started = time.perf_counter()
         self.metrics.runs_in_flight.labels(job.kind).inc()
         cancel = self._cancel[job.run_id] = threading.Event()

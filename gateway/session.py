@@ -39,6 +39,11 @@ def background_session_key(chat_session: str, task: str) -> str:
     return f"{chat_session}:bg:{task}"
 
 
+def chat_session_of(session: str) -> str:
+    """The chat session a background task's session belongs to (any other session is its own)."""
+    return session.rpartition(":bg:")[0] or session
+
+
 Work = Callable[[], Awaitable[None]]
 
 

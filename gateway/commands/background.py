@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Protocol, runtime_checkable
 
 from gateway.commands.base import CommandContext, command
 from gateway.session import background_session_key
@@ -13,22 +12,11 @@ USAGE = ("Usage: /background PROMPT - runs the prompt as a separate task, withou
          "You can keep chatting; its answer comes here when it is done.")
 
 
-@runtime_checkable
-class BackgroundHost(Protocol):
-    """What ``/background`` needs of the gateway beyond ``CommandHost``."""
-
-    def start_background(self, ctx: CommandContext, prompt: str) -> str:
-        """Accept ``prompt`` as a background task of the command's chat (with the command's reply); its id."""
-        ...
-
-
 @command("background", "run a prompt as a separate task; its answer comes here when done (/background PROMPT)")
 async def _background(ctx: CommandContext) -> str:
     prompt = ctx.args.strip()
     if not prompt:
         return USAGE
-    if not isinstance(ctx.host, BackgroundHost):
-        return "Background tasks are not available on this gateway."
     task = ctx.host.start_background(ctx, prompt)
     return f"Background task {task} started. Keep chatting; its answer will come here. /stop {task} cancels it."
 

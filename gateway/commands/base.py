@@ -98,6 +98,9 @@ class CommandHost(Protocol):
         """Run ``text`` again as a message of the command's chat: accepted with the command's effects, started
         once they are stored."""
 
+    def start_background(self, ctx: CommandContext, prompt: str) -> str:
+        """Accept ``prompt`` as a background task of the command's chat (with the command's reply); its id."""
+
     async def approve_pairing(self, event: MessageEvent, code: str) -> str:
         """Approve a pairing code if the sender is an admin; the reply text."""
 

@@ -19,7 +19,8 @@ from gateway.session_summary import COMPRESS_PROMPT, SUMMARY_PREFIX
 from gateway.sim.model_server import JSON, ScriptedModel, Turn, last_user_text, tool_call
 from gateway.sim.telegram_api import DEFAULT_GROUP_ID, DEFAULT_USER_ID, TelegramSimulator
 from platforms.base import MessageEvent
-from tests.conftest import base_config, deep_merge
+from tests.conftest import deep_merge
+from tests.gateway.conftest import StartTelegramGateway
 
 CHAT = DEFAULT_USER_ID  # a DM: the chat id is the user's
 SESSION = f"telegram:dm:{CHAT}"
@@ -49,25 +50,16 @@ class Model:
 
 
 @pytest.fixture
-async def tg(tmp_path: Path) -> AsyncIterator[tuple[TelegramSimulator, ScriptedModel, Start]]:
+async def tg(telegram_gateway: StartTelegramGateway) -> AsyncIterator[tuple[TelegramSimulator, ScriptedModel, Start]]:
     """The Telegram simulator, the scripted model, and a factory starting a gateway against both."""
-    started: list[Gateway] = []
     async with TelegramSimulator() as sim, ScriptedModel(Model()) as model:
         async def start(overrides: dict[str, Any] | None = None) -> Gateway:
-            raw = deep_merge(base_config(tmp_path, model.base_url or "", "http://127.0.0.1:9/results"), {
-                "platforms": {"telegram": {"enabled": True, "token": sim.token, "base_url": sim.base_url,
-                                           "base_file_url": sim.base_file_url, "group_trigger": "always"}},
+            return await telegram_gateway(sim, model, deep_merge({
+                "platforms": {"telegram": {"group_trigger": "always"}},
                 "auth": {"platforms": {"telegram": {"allowed_users": [str(DEFAULT_USER_ID), "1002"]}},
-                         "admins": ["telegram:1002"]}})
-            cfg = parse_config(deep_merge(raw, overrides or {}), env={"HERMES_GATEWAY_HOME": str(tmp_path)})
-            gateway = Gateway(cfg)
-            started.append(gateway)
-            await gateway.start()
-            return gateway
+                         "admins": ["telegram:1002"]}}, overrides or {}))
 
         yield sim, model, start
-        for gateway in started:
-            await gateway.stop(drain_timeout=1)
 
 
 async def _say(sim: TelegramSimulator, text: str, *, chat_id: int = CHAT, **origin: Any) -> str:
@@ -123,6 +115,16 @@ async def test_model_lists_switches_this_conversation_and_the_next_request_uses_
     await _exchange(sim, "again")
     assert model.requests[-1]["model"] == "scripted-model"
     assert (await (await _settings(gateway)).session(SESSION)).model is None
+
+
+async def test_a_background_task_asks_the_chats_model(tg) -> None:
+    sim, model, start = tg
+    await start({"model": {"allowed": ["big-model"]}})
+    await _say(sim, "/model big-model")
+    assert (await _say(sim, "/background summarise the news")).startswith("Background task ")
+    await sim.wait_for(lambda: any(s.text.endswith("to: summarise the news") for s in sim.sent_messages(CHAT)),
+                       timeout=10)
+    assert model.requests[-1]["model"] == "big-model"
 
 
 async def test_a_model_taken_off_model_allowed_is_no_longer_used(tg, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from gateway.sim.slack_api import DEFAULT_CHANNEL, SlackSimulator
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
 from platforms.base import AdapterState
 from tests.conftest import Harness, base_config, deep_merge
+from tests.gateway.conftest import StartTelegramGateway
 
 CHAT = DEFAULT_USER_ID  # a Telegram DM: the chat id is the user's
 IDLE_TIMEOUT = 10.0
@@ -39,24 +40,14 @@ async def _idle(gateway: Gateway) -> None:
 
 
 @pytest.fixture
-async def telegram(tmp_path: Path) -> AsyncIterator[tuple[TelegramSimulator, StartTelegram]]:
+async def telegram(telegram_gateway: StartTelegramGateway) -> AsyncIterator[tuple[TelegramSimulator, StartTelegram]]:
     """The Telegram simulator and a factory starting a gateway with the real Telegram adapter against it."""
-    started: list[Gateway] = []
     async with TelegramSimulator() as sim, ScriptedModel() as model:
         async def start(*turns: Turn, **platform: Any) -> tuple[Gateway, ScriptedModel]:
             model.push(*turns)
-            cfg = parse_config(deep_merge(base_config(tmp_path, model.base_url, "http://127.0.0.1:9/results"), {
-                "platforms": {"telegram": {"enabled": True, "token": sim.token, "base_url": sim.base_url,
-                                           "base_file_url": sim.base_file_url, **platform}}}),
-                env={"HERMES_GATEWAY_HOME": str(tmp_path)})
-            gateway = Gateway(cfg)
-            started.append(gateway)
-            await gateway.start()
-            return gateway, model
+            return await telegram_gateway(sim, model, {"platforms": {"telegram": platform}}), model
 
         yield sim, start
-        for gateway in started:
-            await gateway.stop(drain_timeout=1)
 
 
 def _telegram_reactions(sim: TelegramSimulator) -> list[tuple[int, list[str]]]:

@@ -4,20 +4,19 @@ scripted model calling real tools."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.app import Gateway
-from gateway.config import parse_config
 from gateway.logs import REDACTED
 from gateway.session_settings import SettingsStore
 from gateway.sim.model_server import ScriptedModel, Turn, text, tool_call, tool_calls
 from gateway.sim.slack_api import DEFAULT_CHANNEL, SlackSimulator
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
 from platforms.base import utf16_len
-from tests.conftest import WEBHOOK_SECRET, Harness, base_config, deep_merge
+from tests.conftest import WEBHOOK_SECRET, Harness
+from tests.gateway.conftest import StartTelegramGateway
 
 CHAT = DEFAULT_USER_ID  # a DM: the chat id is the user's
 SLOW = 0.3  # model latency between tool turns, well above the edit interval (0.05 s), so each line is shown
@@ -28,25 +27,15 @@ StartTelegram = Callable[..., Awaitable[tuple[Gateway, ScriptedModel]]]
 
 
 @pytest.fixture
-async def telegram(tmp_path: Path) -> AsyncIterator[tuple[TelegramSimulator, StartTelegram]]:
+async def telegram(telegram_gateway: StartTelegramGateway) -> AsyncIterator[tuple[TelegramSimulator, StartTelegram]]:
     """The Telegram simulator and a factory starting a gateway with the real Telegram adapter against it."""
-    started: list[Gateway] = []
     async with TelegramSimulator() as sim, ScriptedModel() as model:
         async def start(*turns: Turn, **progress: str) -> tuple[Gateway, ScriptedModel]:
             model.push(*turns)
-            cfg = parse_config(deep_merge(base_config(tmp_path, model.base_url, "http://127.0.0.1:9/results"), {
-                "platforms": {"telegram": {"enabled": True, "token": sim.token, "base_url": sim.base_url,
-                                           "base_file_url": sim.base_file_url, "tool_progress_delay": 0,
-                                           **progress}}}),
-                env={"HERMES_GATEWAY_HOME": str(tmp_path)})
-            gateway = Gateway(cfg)
-            started.append(gateway)
-            await gateway.start()
-            return gateway, model
+            overrides = {"platforms": {"telegram": {"tool_progress_delay": 0, **progress}}}
+            return await telegram_gateway(sim, model, overrides), model
 
         yield sim, start
-        for gateway in started:
-            await gateway.stop(drain_timeout=1)
 
 
 async def _answered(sim: TelegramSimulator, answer: str = "All done.") -> list[str]:

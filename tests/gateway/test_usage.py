@@ -8,7 +8,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -24,7 +23,7 @@ from gateway.sim.model_server import ScriptedModel, Turn, text, tool_call
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
 from gateway.store import NewRun, RunCompletion, RunUsage, SessionRef, Store
 from gateway.usage import period_starts, usage_report
-from tests.conftest import base_config, deep_merge
+from tests.gateway.conftest import StartTelegramGateway
 from tools.cronjob_tools import CronJob, parse_schedule
 
 ALICE, BOB = DEFAULT_USER_ID, 1002  # DMs: each chat id is its user's
@@ -44,25 +43,15 @@ def _tool_run(first: tuple[int, int], second: tuple[int, int], answer: str = "Al
 
 
 @pytest.fixture
-async def telegram(tmp_path: Path) -> AsyncIterator[tuple[TelegramSimulator, StartTelegram]]:
+async def telegram(telegram_gateway: StartTelegramGateway) -> AsyncIterator[tuple[TelegramSimulator, StartTelegram]]:
     """The Telegram simulator and a factory starting a gateway with the real Telegram adapter against it."""
-    started: list[Gateway] = []
     async with TelegramSimulator() as sim, ScriptedModel() as model:
         async def start(**model_settings: Any) -> tuple[Gateway, ScriptedModel]:
-            cfg = parse_config(deep_merge(base_config(tmp_path, model.base_url, "http://127.0.0.1:9/results"), {
-                "model": model_settings,
-                "auth": {"platforms": {"telegram": {"allowed_users": [str(ALICE), str(BOB)]}}},
-                "platforms": {"telegram": {"enabled": True, "token": sim.token, "base_url": sim.base_url,
-                                           "base_file_url": sim.base_file_url, "tool_progress": "off"}}}),
-                env={"HERMES_GATEWAY_HOME": str(tmp_path)})
-            gateway = Gateway(cfg)
-            started.append(gateway)
-            await gateway.start()
-            return gateway, model
+            return await telegram_gateway(sim, model, {
+                "model": model_settings, "auth": {"platforms": {"telegram": {"allowed_users": [str(ALICE), str(BOB)]}}},
+                "platforms": {"telegram": {"tool_progress": "off"}}}), model
 
         yield sim, start
-        for gateway in started:
-            await gateway.stop(drain_timeout=1)
 
 
 async def _ask(sim: TelegramSimulator, prompt: str, answer: str, user: int = ALICE) -> None:
