@@ -204,7 +204,7 @@ async def test_a_replayed_command_applies_its_effects_once(tg) -> None:
 # -- /title and /new ------------------------------------------------------------------------------------------
 
 
-async def test_title_is_set_shown_in_status_and_cleared_by_new(tg) -> None:
+async def test_title_is_set_shown_in_status_and_cleared_by_reset(tg) -> None:
     sim, _model, start = tg
     gateway = await start()
     assert await _say(sim, "/title") == "This conversation has no title. Set one with /title TEXT."
@@ -212,8 +212,12 @@ async def test_title_is_set_shown_in_status_and_cleared_by_new(tg) -> None:
     assert (await (await _settings(gateway)).session(SESSION)).title == "Trip to Lisbon"
     assert "\nTitle: Trip to Lisbon\n" in await _say(sim, "/status")
     assert await _say(sim, "/title " + "x" * 121) == "A title has at most 120 characters."
-    await _say(sim, "/new")
+    await _exchange(sim, "remember me")
+    assert await _say(sim, "/reset") == "Started a new conversation. Earlier messages are forgotten."  # /new's alias
     assert await _say(sim, "/title") == "This conversation has no title. Set one with /title TEXT."
+    assert await _history(gateway) == []  # the next conversation (epoch) is empty
+    assert gateway.store is not None
+    assert await gateway.store.session_epoch(SESSION, "telegram", str(CHAT), str(CHAT), None) == 1
 
 
 # -- /compress ------------------------------------------------------------------------------------------------
