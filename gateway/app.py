@@ -21,6 +21,7 @@ from gateway.http import HttpServer
 from gateway.logs import redactor
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
+from gateway.retention import Pruner, check_dedupe_window
 from gateway.router import Router
 from gateway.runs import RunExecutor
 from gateway.state_stores import PlatformStateStore
@@ -104,6 +105,7 @@ class Gateway:
         self._leadership_changed = asyncio.Event()
         self._leadership_task: asyncio.Task[None] | None = None
         self._cron_running = False
+        self.pruner: Pruner | None = None
         self.sandbox: SandboxPool | None = None
 
     @property
@@ -117,7 +119,10 @@ class Gateway:
         self.started_at = time.time()
         redactor.add(cfg.secret_values())
         model_tools.register_hook("transform_tool_result", _redact_tool_result)
+        check_dedupe_window(cfg)
         self.store = await Store.open(cfg.store.url)
+        if not self.local:
+            self.pruner = Pruner(self.store, cfg.store.retention)
         coordinator = self.coordinator
         coordinator.on_leadership = lambda _leader: self._leadership_changed.set()
         await coordinator.start()
@@ -195,8 +200,8 @@ class Gateway:
             await self._apply_leadership()
 
     async def _apply_leadership(self) -> None:
-        """Run what only the leader runs while this replica leads: the cron scheduler, and receiving on
-        the platforms whose connection must be single (``run_on: leader``)."""
+        """Run what only the leader runs while this replica leads: the cron scheduler, retention, and receiving
+        on the platforms whose connection must be single (``run_on: leader``)."""
         self._leadership_changed.clear()
         leader = self.coordinator.is_leader
         self.metrics.leader.set(int(leader))
@@ -206,6 +211,11 @@ class Gateway:
                 self._cron_running = leader
         except Exception:
             logger.exception("cron: following a leadership change failed")
+        if self.pruner is not None and leader != self.pruner.running:
+            if leader:
+                self.pruner.start()
+            else:
+                await self.pruner.stop()
         for name, adapter in self.adapters.items():
             if (receives_on(self.cfg, name) != "leader" or adapter.receiving == leader
                     or adapter.state == AdapterState.FAILED):  # a failed start was reported once
@@ -247,6 +257,8 @@ class Gateway:
             await asyncio.gather(self._leadership_task, return_exceptions=True)
         if self.cron is not None and self._cron_running:
             await self.cron.stop()
+        if self.pruner is not None:
+            await self.pruner.stop()
         for name, adapter in self.adapters.items():  # hand single connections over to another replica early
             try:
                 await adapter.stop_receiving()
@@ -258,6 +270,7 @@ class Gateway:
             if not await self.router.lanes.wait_idle(timeout):
                 logger.warning("drain timeout: unfinished runs will resume on the next start")
             await self.router.lanes.shutdown()
+            await self.router.limiter.give_back()  # before the store closes: a restart loses no user's tokens
         if self.mcp is not None:
             await self.mcp.stop()
         if self.outbox is not None:

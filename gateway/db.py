@@ -118,6 +118,9 @@ def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     # isolation_level None: the driver emits no BEGIN of its own; SqliteDatabase begins explicitly.
     dbapi_conn.isolation_level = None
     dbapi_conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    # Takes effect only on a database that has no tables yet (a new one): pruned pages can then be handed back
+    # (gateway/retention.py); an older database switches with one `hermes-gateway store vacuum`.
+    dbapi_conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     _use_wal(dbapi_conn)
     # No automatic checkpoints: a commit that crossed the threshold would run one (with its fsync) on
     # whichever thread committed, possibly the event loop's; SqliteDatabase checkpoints on its own thread.

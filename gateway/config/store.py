@@ -1,4 +1,5 @@
-"""The ``store`` section: the database URL (its default in the home), and keeping its password out of sight."""
+"""The ``store`` section: the database URL (its default in the home), keeping its password out of sight, and how
+long finished data is kept (``store.retention``, applied by gateway/retention.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pydantic import ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gateway.config.base import _context, _resolve_path, _Section
 from gateway.config.discovery import default_store_url, gateway_home
@@ -18,10 +19,75 @@ _STORE_FORMS = ("sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql://USER:PAS
 _SQLITE_SCHEMES = ("sqlite", "sqlite+aiosqlite")
 
 
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_DURATION_HINT = "write a number of days or a duration such as 30d, 12h, 15m, 90s"
+DEDUPE_FLOOR = 600.0
+"""Seconds: the shortest dedupe window accepted (Slack retries an event up to three times within ~5 minutes)."""
+
+
+def _duration(value: Any, *, forever: bool) -> float | None:
+    """Seconds from a number of days or a ``30d``/``12h``/``15m``/``90s`` string; with ``forever``, null or 0 is
+    None (keep forever)."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value == 0):
+        if forever:
+            return None
+        raise _invalid("must be a positive duration", _DURATION_HINT)
+    if isinstance(value, bool):
+        raise _invalid("must be a duration", _DURATION_HINT)
+    if isinstance(value, int | float):
+        seconds = float(value) * 86400
+    elif isinstance(value, str) and value.strip()[-1:].lower() in _UNITS:
+        text = value.strip()
+        try:
+            seconds = float(text[:-1]) * _UNITS[text[-1].lower()]
+        except ValueError:
+            raise _invalid(f"not a duration: {value!r}", _DURATION_HINT) from None
+    else:
+        raise _invalid(f"not a duration: {value!r}", _DURATION_HINT)
+    if seconds < 0 or seconds != seconds:
+        raise _invalid("must not be negative", _DURATION_HINT)
+    if seconds == 0:
+        return _duration(0, forever=forever)
+    return seconds
+
+
+class RetentionSettings(_Section):
+    """How long finished data is kept (seconds; None: forever). Nothing unfinished or in doubt is ever pruned."""
+
+    events: float | None = 30 * 86400.0
+    cron_fires: float | None = 30 * 86400.0
+    dedupe: float | None = 2 * 86400.0
+    transcripts: float | None = 90 * 86400.0
+    outbox: float | None = 7 * 86400.0
+    usage: float | None = 400 * 86400.0
+    interval: float = 600.0
+    batch_size: int = Field(500, ge=1, le=10_000)
+
+    @field_validator("events", "cron_fires", "dedupe", "transcripts", "outbox", "usage", mode="before")
+    @classmethod
+    def _kept_for(cls, value: Any) -> float | None:
+        return _duration(value, forever=True)
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _every(cls, value: Any) -> float | None:
+        return _duration(value, forever=False)
+
+    @field_validator("dedupe")
+    @classmethod
+    def _dedupe_floor(cls, value: float | None) -> float | None:
+        if value is not None and value < DEDUPE_FLOOR:
+            raise _invalid(f"must be at least {DEDUPE_FLOOR / 60:g} minutes: a platform redelivering an event "
+                           "after its dedupe key is pruned would run it again",
+                           "write 10m or more (default 2d: Telegram keeps undelivered updates for 24 hours)")
+        return value
+
+
 class StoreSettings(_Section):
     """Where sessions, the inbox/outbox and cron jobs are persisted (default: ``state.db`` in the home)."""
 
     url: str
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @model_validator(mode="before")
     @classmethod
