@@ -96,7 +96,7 @@ class Router:
         self.settings = SettingsStore(store)
         self.pairing = PairingStore(store, cfg.auth.pairing_code_ttl_seconds, cfg.auth.max_pending_codes)
         self.auth = Authorizer(cfg.auth, self.pairing)
-        self.limiter = InboundLimiter(cfg.limits)
+        self.limiter = InboundLimiter(cfg.limits, store.db)
         self.lanes = SessionLanes()
         self.closing = False
         self.started_at = time.monotonic()
@@ -152,7 +152,7 @@ class Router:
                 await self._offer_pairing(event)
             return None
         if event.platform not in SIGNED_PLATFORMS:
-            allowed, notify = self.limiter.check(f"{event.platform}:{event.user_id}")
+            allowed, notify = await self.limiter.check(f"{event.platform}:{event.user_id}")
             if not allowed:
                 self.metrics.events.labels(event.platform, "rate_limited").inc()
                 if notify:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import model_tools
 from gateway.agent import Agent, message_tokens, trim_history
 from gateway.config import Config
-from gateway.limits import RunBudget, UserBudgets
+from gateway.limits import RunBudget, Usage, UserBudgets
 from gateway.logs import redactor
 from gateway.memory_prompt import memory_section
 from gateway.metrics import Metrics
@@ -187,7 +187,7 @@ class RunExecutor:
         self._route_slots = {name: asyncio.Semaphore(route.max_concurrency)
                              for name, route in cfg.platforms.webhook.routes.items()}
         self._cancel: dict[str, threading.Event] = {}
-        self.user_budgets = UserBudgets(cfg.limits)
+        self.user_budgets = UserBudgets(cfg.limits, store.db)
         self._stop_requested: set[str] = set()
         self.search_cfg = model_tools.ToolSearchConfig(cfg.tool_search.enabled, cfg.model.context_window,
                                                        cfg.tool_search.threshold)
@@ -319,6 +319,7 @@ class RunExecutor:
         self.reactions.working(job.kind, job.target)
         done = RunCompletion(job.run_id, job.inbox_id, status="completed", session_key=job.session_key,
                              epoch=context.epoch)
+        budget: RunBudget | None = None
         try:
             plan = self.plan_for(job.toolsets)
             # A cron event's user_id is its owner's user key, so scheduled runs see the owner's memory.
@@ -329,8 +330,8 @@ class RunExecutor:
                         "workspace": str(self.cfg.gateway.workspace)}
             user_key = tool_ctx["user_key"] if job.kind in ("chat", "background") else None
             budget = RunBudget(self.cfg.limits.run_max_tool_calls, self.cfg.limits.run_max_tokens, user_key,
-                               self.user_budgets)
-            refusal = self.user_budgets.exceeded(user_key) if user_key else None
+                               self.user_budgets, await self.user_budgets.used(user_key) if user_key else Usage())
+            refusal = budget.user_refusal()
             try:
                 if refusal is not None:
                     raise ModelError(refusal, "user budget exceeded")
@@ -391,6 +392,7 @@ class RunExecutor:
                 text = f"{self.resets.notice(context.reset)}\n\n{text}"
             parts = functools.partial(self._parts, job, text, preview.message_id if preview else None)
             done.deliveries = await asyncio.to_thread(parts) if len(text) > LONG_ANSWER else parts()
+        done.charge = budget.user_charge() if budget is not None else None
         stored = await self.store.finish_run(done, self.outbox.claim)
         if stored is not None:
             self.outbox.submit(stored)

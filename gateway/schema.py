@@ -21,7 +21,7 @@ from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 MIGRATION_LOCK_KEY = 0x4845524D4553  # pg_advisory_xact_lock key: one migrating process at a time
 
 metadata = sa.MetaData()
@@ -188,6 +188,25 @@ run_usage_t = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Index("ix_run_usage_user", "user_key", "created_at"),
     sa.Index("ix_run_usage_session", "session_key", "epoch"),
+)
+
+# Each user's inbound message bucket (gateway/limits.py), shared by restarts and replicas: its tokens as of
+# refilled_at (unix seconds); processes take tokens from it a few at a time.
+user_rate_limits_t = sa.Table(
+    "user_rate_limits", metadata,
+    sa.Column("user_key", sa.String(255), primary_key=True),
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("refilled_at", sa.Float, nullable=False),
+)
+
+# Model calls and tokens of each user's finished runs per minute (unix seconds // 60), for the hourly budgets
+# (gateway/limits.py); written with the run's completion, rows older than an hour dropped as the user's next is.
+user_usage_t = sa.Table(
+    "user_usage", metadata,
+    sa.Column("user_key", sa.String(255), primary_key=True),
+    sa.Column("minute", sa.Integer, primary_key=True),
+    sa.Column("model_calls", sa.Integer, nullable=False),
+    sa.Column("tokens", sa.Integer, nullable=False),
 )
 
 platform_state_t = sa.Table(

@@ -31,6 +31,7 @@ from gateway.schema import (
     sessions_t,
     upgrade,
 )
+from gateway.shared_limits import UserCharge, charge_user
 from gateway.steering import Steered
 
 logger = logging.getLogger(__name__)
@@ -199,6 +200,8 @@ class RunCompletion:
     usage: RunUsage | None = None
     steered: list[Steered] = field(default_factory=list)
     """Messages steered into the run (gateway/steering.py): their inbox events and runs end with it."""
+    charge: UserCharge | None = None
+    """What the run used of its user's hourly budgets (gateway/limits.py)."""
 
 
 @dataclass(slots=True)
@@ -378,6 +381,8 @@ def _finish_run(conn: Connection, done: RunCompletion, now: float, claim: Claim 
                                      "epoch": done.epoch, "user_key": u.user_key, "model": u.model,
                                      "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                                      "created_at": now})
+    if done.charge is not None:
+        charge_user(conn, done.charge, now)
     return _store_parts(conn, done.deliveries, now, claim, skip_existing=False)
 
 

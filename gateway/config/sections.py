@@ -210,6 +210,9 @@ class LimitsSettings(_Section):
 
     user_messages_per_minute: float = Field(20, gt=0)
     user_burst: int = Field(10, ge=1)
+    # Tokens a process takes from a user's stored bucket at a time (gateway/limits.py): fewer database writes, and
+    # up to this many minus one messages more per replica.
+    local_allowance: int = Field(5, ge=1, le=100)
     run_max_tool_calls: int = Field(50, ge=1)
     run_max_tokens: int | None = Field(None, ge=1)
     user_max_model_calls_per_hour: int | None = Field(None, ge=1)
