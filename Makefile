@@ -64,10 +64,13 @@ bench-replicas: $(STAMP)
 bench-profile: $(STAMP)
 	$(BENCH).bench_webhook --profile
 
-# The long memory soak: 50,000 Telegram messages over 5,000 sessions at 35/s plus 2 webhooks/s, RSS over time
-# (bench/results/soak.json). About 25 minutes.
+# The long memory soak: 50,000 Telegram messages over 5,000 sessions at 35/s plus 2 webhooks/s, RSS and the
+# database's size over time (bench/results/soak.json), with a short retention (events, transcripts and sent parts
+# 2 minutes, dedupe records 10 minutes, pruned every 30 s) so the size is flat once the dedupe window has passed.
+# About 25 minutes.
 soak: $(STAMP)
-	$(BENCH).bench_memory --sessions 0 --messages 50000 --users 5000 --rate 35 --webhook-rate 2 --name soak
+	$(BENCH).bench_memory --sessions 0 --messages 50000 --users 5000 --rate 35 --webhook-rate 2 \
+		--retention 120 --dedupe 600 --prune-interval 30 --name soak
 
 # Mutation testing (bench/mutation_report.py): mutmut over the modules that carry guarantees, each judged by its
 # own tests (PostgreSQL started as for bench-replicas); the kill rate per module and every mutant not killed go to

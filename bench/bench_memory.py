@@ -15,8 +15,13 @@ simulator and the signed webhook route delivering to a callback sink, all on 127
    reply time (one pending message per chat).
    RSS is sampled every ``--sample`` seconds and printed every ``--report`` seconds; the slope of a
    least-squares line over the whole soak and over its second half says whether memory is flat.
+   With ``--retention SECONDS`` the gateway prunes finished events, transcripts and sent parts after that long
+   and their dedupe records after ``--dedupe`` seconds (``store.retention``, every ``--prune-interval``): the
+   database's size (file and log) is sampled too, and its slope once the dedupe window has passed says
+   whether it is flat.
 
     python -m bench.bench_memory [--sessions 10000] [--messages 50000 --users 5000 --rate 35] [--name soak]
+                                 [--retention 120 --dedupe 600 --prune-interval 30]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from bench.common import (
     BENCH_FILE,
     BENCH_TOOL,
     MODEL_KEY,
+    ROUTE,
     BenchSink,
     BenchTelegram,
     ServiceProcess,
@@ -47,8 +53,10 @@ from bench.common import (
     latency_ms,
     print_table,
     save_results,
+    webhook_platform,
     write_gateway_config,
 )
+from gateway.retention import file_size
 from gateway.sim.model_server import ScriptedModel
 
 _SETTLE_SECONDS = 3.0
@@ -128,13 +136,20 @@ class _Sample:
     messages: int
     webhooks: int
     inflight: int
+    db_mb: float
 
 
-_REPORT_HEADER = ("min", "messages", "webhooks", "in flight", "CPU %", "RSS MiB", "reply p50 ms", "reply p99 ms")
+_REPORT_HEADER = ("min", "messages", "webhooks", "in flight", "CPU %", "RSS MiB", "DB MiB", "reply p50 ms",
+                  "reply p99 ms")
+
+
+def _db_mb(home: Path) -> float:
+    """The SQLite store's size on disk (database file and its log), MiB."""
+    return sum(file_size(str(home / name)) for name in ("state.db", "state.db-wal")) / 1048576
 
 
 async def _soak(args: argparse.Namespace, service: ServiceProcess, sim: BenchTelegram, webhooks: WebhookClient,
-                forget: Callable[[], None]) -> dict[str, Any]:
+                forget: Callable[[], None], home: Path) -> dict[str, Any]:
     """Phase 3: the steady-rate soak, with an RSS time series."""
     chat, hooks = _Steady(), _Steady()
     duration = args.messages / args.rate
@@ -164,7 +179,7 @@ async def _soak(args: argparse.Namespace, service: ServiceProcess, sim: BenchTel
         chat.latencies.clear()
         hooks.latencies.clear()
         row = [round(point.seconds / 60, 2), point.messages, point.webhooks, point.inflight, round(busy, 0),
-               round(point.rss_mb, 1), round(reply["p50_ms"], 0), round(reply["p99_ms"], 0)]
+               round(point.rss_mb, 1), round(point.db_mb, 1), round(reply["p50_ms"], 0), round(reply["p99_ms"], 0)]
         reports.append(row)
         print("  " + " ".join(f"{v:>12}" for v in row), flush=True)
         return point.seconds, cpu
@@ -173,7 +188,8 @@ async def _soak(args: argparse.Namespace, service: ServiceProcess, sim: BenchTel
         window, next_report = (0.0, service.cpu_seconds()), 0.0
         while True:
             now = time.perf_counter() - started
-            point = _Sample(now, service.rss_mb(), chat.done, hooks.done, chat.inflight + hooks.inflight)
+            point = _Sample(now, service.rss_mb(), chat.done, hooks.done, chat.inflight + hooks.inflight,
+                            _db_mb(home))
             samples.append(point)
             forget()
             if now >= next_report:
@@ -189,9 +205,12 @@ async def _soak(args: argparse.Namespace, service: ServiceProcess, sim: BenchTel
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
     elapsed = time.perf_counter() - started
-    samples.append(_Sample(elapsed, service.rss_mb(), chat.done, hooks.done, 0))
+    samples.append(_Sample(elapsed, service.rss_mb(), chat.done, hooks.done, 0, _db_mb(home)))
     series = [(s.seconds, s.rss_mb) for s in samples]
     sessions_at = next((s for s in samples if s.messages >= users), samples[-1])
+    # every kind pruned at least once after its window (the dedupe records' is the longest)
+    window = max(args.retention, args.dedupe) + args.prune_interval if args.retention else elapsed
+    flat = [(s.seconds, s.db_mb) for s in samples if s.seconds >= window]
     return {"messages": chat.done, "users": users, "webhooks": hooks.done, "rate": args.rate,
             "webhook_rate": args.webhook_rate, "seconds": elapsed, "errors": len(chat.errors) + len(hooks.errors),
             "error_samples": (chat.errors + hooks.errors)[:3], "schedule_slip_seconds": chat.behind,
@@ -201,9 +220,14 @@ async def _soak(args: argparse.Namespace, service: ServiceProcess, sim: BenchTel
             "slope_second_half_mb_per_min": slope_mb_per_min([p for p in series if p[0] >= elapsed / 2]),
             "slope_after_all_sessions_mb_per_min": slope_mb_per_min(
                 [p for p in series if p[0] >= sessions_at.seconds]),
+            "db_start_mb": samples[0].db_mb, "db_end_mb": samples[-1].db_mb,
+            "db_max_mb": max(s.db_mb for s in samples), "db_slope_mb_per_min": slope_mb_per_min(
+                [(s.seconds, s.db_mb) for s in samples]),
+            "db_window_seconds": window, "db_at_window_mb": flat[0][1] if flat else None,
+            "db_slope_after_window_mb_per_min": slope_mb_per_min(flat),
             "report_columns": list(_REPORT_HEADER), "report": reports,
-            "samples": [[round(s.seconds, 1), round(s.rss_mb, 2), s.messages, s.webhooks, s.inflight]
-                        for s in samples]}
+            "samples": [[round(s.seconds, 1), round(s.rss_mb, 2), s.messages, s.webhooks, s.inflight,
+                         round(s.db_mb, 2)] for s in samples]}
 
 
 async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
@@ -213,8 +237,16 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         sink, sim = BenchSink(), BenchTelegram()
         await sink.start()
         await sim.start()
-        config = write_gateway_config(home, model.base_url, sink.url, telegram=sim,
-                                      overrides={"model": {"history_messages": _HISTORY_MESSAGES}})
+        overrides: dict[str, Any] = {"model": {"history_messages": _HISTORY_MESSAGES}}
+        if args.retention:
+            kept = f"{args.retention:g}s"
+            overrides["store"] = {"retention": {
+                "events": kept, "cron_fires": kept, "transcripts": kept, "outbox": kept,
+                "dedupe": f"{args.dedupe:g}s", "interval": f"{args.prune_interval:g}s"}}
+            hook = webhook_platform("callback:sink")  # its replay window within the dedupe window
+            hook["routes"][ROUTE]["replay_window_seconds"] = int(args.dedupe)
+            overrides["platforms"] = {"webhook": hook}
+        config = write_gateway_config(home, model.base_url, sink.url, telegram=sim, overrides=overrides)
         service = ServiceProcess("gateway", gateway_argv(config), home / "stderr.log")
         forget = _forgetter(sim, sink, model)
         try:
@@ -239,7 +271,7 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                                        "rss_mb": await _settled_rss(service)}
                     print(f"  after {len(result.results)} sessions: {out['sessions']['rss_mb']:.1f} MiB", flush=True)
                 if args.messages > 0:
-                    out["soak"] = await _soak(args, service, sim, webhooks, forget)
+                    out["soak"] = await _soak(args, service, sim, webhooks, forget, home)
                     out["soak"]["rss_after_mb"] = await _settled_rss(service)
         finally:
             await service.stop()
@@ -273,6 +305,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one answer")
     parser.add_argument("--sample", type=float, default=2.0, help="soak: RSS sampling interval (s)")
     parser.add_argument("--report", type=float, default=30.0, help="soak: seconds between printed samples")
+    parser.add_argument("--retention", type=float, default=0.0,
+                        help="soak: store.retention of events, transcripts and sent parts, seconds (0: defaults)")
+    parser.add_argument("--dedupe", type=float, default=600.0, help="with --retention: store.retention.dedupe (s)")
+    parser.add_argument("--prune-interval", type=float, default=30.0,
+                        help="with --retention: store.retention.interval (s)")
     parser.add_argument("--name", default="memory", help="results file: bench/results/NAME.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
@@ -293,6 +330,14 @@ def main(argv: list[str] | None = None) -> None:
                      f"{k['slope_mb_per_min']:+.2f} (2nd half {k['slope_second_half_mb_per_min']:+.2f})"])
         rows.append(["soak: settled after the load", k["rss_after_mb"], k["rss_after_mb"] - k["rss_start_mb"], "-"])
     print_table("Gateway RSS (MiB), gateway subprocess", ["phase", "RSS MiB", "delta MiB", "slope MiB/min"], rows)
+    if "soak" in out:
+        k = out["soak"]
+        print_table("Store size on disk (MiB): state.db + its log", ["point", "MiB", "slope MiB/min"], [
+            ["soak start", k["db_start_mb"], "-"],
+            [f"after the longest retention window ({k['db_window_seconds']:g} s)", k["db_at_window_mb"],
+             f"{k['db_slope_after_window_mb_per_min']:+.3f} from here"],
+            ["soak end", k["db_end_mb"], f"{k['db_slope_mb_per_min']:+.3f} whole soak"],
+            ["max", k["db_max_mb"], "-"]])
     for problem in out["gateway_log_problems"]:
         print(f"  gateway log: {problem}")
     save_results(args.name, {"args": vars(args), **out})
