@@ -69,7 +69,8 @@ def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:
             name: WebhookRoute(name=name, secrets=tuple(r.secrets()), scheme=r.scheme, prompt=r.prompt,
                                events=tuple(r.events), event_field=r.event_field,
                                rate_limit_per_minute=r.rate_limit_per_minute, max_body_bytes=r.max_body_bytes,
-                               tolerance_seconds=r.tolerance_seconds)
+                               tolerance_seconds=r.tolerance_seconds, replay_window_seconds=r.replay_window_seconds,
+                               allow_unsigned_id=r.allow_unsigned_id)
             for name, r in wh.routes.items()})
     if cfg.platforms.callback.targets:
         adapters["callback"] = CallbackAdapter({

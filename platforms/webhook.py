@@ -2,7 +2,8 @@
 
 Order of checks: route known (404), body size (413, before any hashing), signature
 (401), rate limit (429, so forged requests cannot spend a route's budget), JSON (400),
-event filter (200, ignored). Only then is the event offered to the gateway; the
+event filter (200, ignored), then for an event the filter admits, GitHub's unsigned event
+header against the payload's shape (400). Only then is the event offered to the gateway; the
 response is 202 with the run id once it is durably accepted (200 for a repeat).
 Before any of these, the HTTP server answers 429 to an address whose failed requests
 have used up its bucket, and bounds how long the body may take (gateway/http_limits.py).
@@ -21,7 +22,8 @@ from typing import Any
 from aiohttp import web
 
 from platforms.base import AdapterState, BasePlatformAdapter, GatewayClosing, MessageEvent, OnMessage, SendResult
-from platforms.webhook_signatures import SignatureError, verify
+from platforms.github_events import payload_fits
+from platforms.webhook_signatures import DEFAULT_REPLAY_WINDOW, SignatureError, verify
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ class WebhookRoute:
     rate_limit_per_minute: int = 60
     max_body_bytes: int = 262_144
     tolerance_seconds: int = 300
+    replay_window_seconds: float = DEFAULT_REPLAY_WINDOW
+    allow_unsigned_id: bool = False
 
 
 def _lookup(payload: Any, path: list[str]) -> Any:
@@ -126,6 +130,14 @@ def event_allowed(route: WebhookRoute, name: str) -> bool:
     if not route.events:
         return True
     return any(name == allowed or name.startswith(allowed + ".") for allowed in route.events)
+
+
+def event_forged(route: WebhookRoute, headers: Mapping[str, str], payload: Any) -> bool:
+    """A filtered GitHub route: the unsigned ``X-GitHub-Event`` names an event the signed payload is not."""
+    if route.scheme != "github" or not route.events:
+        return False
+    # The filter admits "issues.opened.x" under "issues": judge the event before any dot.
+    return not payload_fits(headers.get("X-GitHub-Event", "").partition(".")[0], payload)
 
 
 class _Bucket:
@@ -212,8 +224,9 @@ class WebhookAdapter(BasePlatformAdapter):
             return _error(413, f"body larger than {route.max_body_bytes} bytes")
         now = self.clock()
         try:
-            delivery_id = verify(route.scheme, route.secrets, body, request.headers, now=now,
-                                 tolerance=route.tolerance_seconds)
+            delivery = verify(route.scheme, route.secrets, body, request.headers, now=now,
+                              tolerance=route.tolerance_seconds, window=route.replay_window_seconds,
+                              allow_unsigned_id=route.allow_unsigned_id)
         except SignatureError as exc:
             logger.info("webhook %s: rejected signature (%s)", route.name, exc.reason)
             self._rejected("bad_signature")
@@ -228,14 +241,18 @@ class WebhookAdapter(BasePlatformAdapter):
             self._rejected("bad_json")
             return _error(400, "body is not valid UTF-8 JSON")
         name = event_name(route, request.headers, payload)
+        delivery_id = delivery.id
         if not _is_utf8(delivery_id, name):
             self._rejected("bad_header")
             return _error(400, "delivery id and event headers must be UTF-8")
         if not event_allowed(route, name):
             self._rejected("filtered")
             return web.json_response({"ignored": True, "event": name}, status=200)
+        if event_forged(route, request.headers, payload):
+            self._rejected("event_mismatch")
+            return _error(400, "X-GitHub-Event does not match the payload")
         event = MessageEvent(
-            platform="webhook", event_id=f"{route.name}:{delivery_id}", chat_id=route.name, chat_type="channel",
+            platform="webhook", event_id=f"{route.name}:{delivery.key}", chat_id=route.name, chat_type="channel",
             user_id=f"webhook:{route.name}", user_name=route.name,
             text=render_prompt(route.prompt, payload, name, route.name),
             metadata={"route": route.name, "event": name, "delivery_id": delivery_id})

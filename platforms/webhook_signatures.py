@@ -1,8 +1,8 @@
 """Signature schemes for incoming webhooks: GitHub, Standard Webhooks and plain timestamped HMAC-SHA256.
 
-Each ``verify_*`` returns the delivery id (the dedupe key) or raises SignatureError; each ``sign_*``
-returns the headers a sender adds. Signatures cover the raw body bytes; comparisons are constant-time.
-Stdlib only.
+Each ``verify_*`` returns a `Delivery` (the sender's id and the dedupe key, which is bound to signed content) or
+raises SignatureError; each ``sign_*`` returns the headers a sender adds. Signatures cover the raw body bytes;
+comparisons are constant-time. Stdlib only.
 """
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
 DEFAULT_TOLERANCE = 300.0
 """Seconds a signed timestamp may lie in the past or the future."""
+
+DEFAULT_REPLAY_WINDOW = 86400.0
+"""GitHub: seconds for which a delivery whose body was seen before is a duplicate, whatever its delivery id."""
 
 _HEX_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -32,8 +36,21 @@ class SignatureError(Exception):
         self.reason = reason
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A verified delivery.
+
+    `id` is the sender's delivery id ("" if it sent none; unsigned for GitHub and for hmac-sha256 senders that do
+    not sign it, so only for logs). `key` is what the inbox dedupes it by: a signed id, or a hash of the signed body
+    with the time window it fell in, so neither a replay under a new id nor a forged id can change it.
+    """
+
+    id: str
+    key: str
+
+
 class Verifier(Protocol):
-    """Checks one delivery and returns its id."""
+    """Checks one delivery; `window` and `allow_unsigned_id` are for the schemes that use them."""
 
     def __call__(
         self,
@@ -42,7 +59,10 @@ class Verifier(Protocol):
         headers: Mapping[str, str],
         now: float | None = None,
         tolerance: float = DEFAULT_TOLERANCE,
-    ) -> str: ...
+        *,
+        window: float = DEFAULT_REPLAY_WINDOW,
+        allow_unsigned_id: bool = False,
+    ) -> Delivery: ...
 
 
 class Signer(Protocol):
@@ -115,6 +135,11 @@ def _timestamp(now: float | None) -> str:
     return str(int(time.time() if now is None else now))
 
 
+def _body_key(body: bytes, at: float, window: float) -> str:
+    """Dedupe key of a body whose sender's id cannot be trusted: its hash within a fixed window of time."""
+    return f"body:{hashlib.sha256(body).hexdigest()}:{int(at // window)}"
+
+
 # --- GitHub ---------------------------------------------------------------------------------------------
 
 
@@ -132,11 +157,14 @@ def verify_github(
     headers: Mapping[str, str],
     now: float | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-) -> str:
-    """Check ``X-Hub-Signature-256: sha256=<hex>``; return ``X-GitHub-Delivery``.
+    *,
+    window: float = DEFAULT_REPLAY_WINDOW,
+    allow_unsigned_id: bool = False,
+) -> Delivery:
+    """Check ``X-Hub-Signature-256: sha256=<hex>``; the key is the body's hash within `window` seconds of `now`.
 
-    GitHub signs neither a timestamp nor the delivery id, so `now` and `tolerance` are unused and a
-    captured request can be replayed under a new delivery id.
+    GitHub signs neither a timestamp nor ``X-GitHub-Delivery``, so the unsigned id cannot be the key: a captured
+    request replayed under a new id, or a redelivery under its own, dedupes by its body for the rest of the window.
     """
     keys = _secrets(secrets)
     h = _lower(headers)
@@ -147,20 +175,24 @@ def verify_github(
     provided = _hex_signature(header, "X-Hub-Signature-256")
     if not _any_equal([_hex_hmac(k, body) for k in keys], [provided]):
         raise SignatureError("signature mismatch")
-    return delivery_id
+    return Delivery(delivery_id, _body_key(body, time.time() if now is None else now, window))
 
 
 # --- Standard Webhooks (standardwebhooks.com) -----------------------------------------------------------
 
 
-def _standard_key(secret: str) -> bytes:
-    """Key bytes: base64 after a ``whsec_`` prefix, otherwise the secret's UTF-8 bytes."""
+def standard_webhooks_key(secret: str) -> bytes:
+    """Key bytes: base64 after a ``whsec_`` prefix, otherwise the secret's UTF-8 bytes; ValueError if it does not
+    decode (the config loader calls this so that such a secret is refused at load, not at every delivery)."""
     if not secret.startswith("whsec_"):
         return _utf8(secret)
     try:
-        return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
-    except binascii.Error:
+        key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):  # ValueError: non-ASCII characters
         raise ValueError("a whsec_ webhook secret must be base64 after the prefix") from None
+    if not key:
+        raise ValueError("a whsec_ webhook secret must have base64 key bytes after the prefix")
+    return key
 
 
 def _standard_signature(key: bytes, msg_id: str, timestamp: str, body: bytes) -> str:
@@ -177,7 +209,7 @@ def sign_standard_webhooks(
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": timestamp,
-        "webhook-signature": "v1," + _standard_signature(_standard_key(secret), msg_id, timestamp, body),
+        "webhook-signature": "v1," + _standard_signature(standard_webhooks_key(secret), msg_id, timestamp, body),
     }
 
 
@@ -187,9 +219,13 @@ def verify_standard_webhooks(
     headers: Mapping[str, str],
     now: float | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-) -> str:
-    """Check a Standard Webhooks delivery against any secret and any ``v1`` signature; return webhook-id."""
-    keys = [_standard_key(s) for s in _secrets(secrets)]
+    *,
+    window: float = DEFAULT_REPLAY_WINDOW,
+    allow_unsigned_id: bool = False,
+) -> Delivery:
+    """Check a Standard Webhooks delivery against any secret and any ``v1`` signature; the key is the signed
+    ``webhook-id``."""
+    keys = [standard_webhooks_key(s) for s in _secrets(secrets)]
     h = _lower(headers)
     msg_id = _require(h, "webhook-id")
     timestamp = _require(h, "webhook-timestamp")
@@ -206,28 +242,33 @@ def verify_standard_webhooks(
     _check_timestamp(timestamp, now, tolerance)
     if not _any_equal([_standard_signature(k, msg_id, timestamp, body) for k in keys], provided):
         raise SignatureError("signature mismatch")
-    return msg_id
+    return Delivery(msg_id, msg_id)
 
 
 # --- timestamped HMAC-SHA256 ----------------------------------------------------------------------------
 
 
-def _hmac_payload(timestamp: str, body: bytes) -> bytes:
+def _hmac_payload(msg_id: str, timestamp: str, body: bytes) -> bytes:
+    return _utf8(f"{msg_id}.{timestamp}.") + body
+
+
+def _unsigned_id_payload(timestamp: str, body: bytes) -> bytes:
+    # What senders signed before the id was signed (and still may with ``allow_unsigned_id``).
     return _utf8(f"{timestamp}.") + body
 
 
 def sign_hmac_sha256(
     secret: str, body: bytes, now: float | None = None, delivery_id: str | None = None
 ) -> dict[str, str]:
-    """``X-Webhook-Signature`` (hex) and ``X-Webhook-Timestamp``, plus ``X-Webhook-Id`` if given."""
+    """``X-Webhook-Id`` (a new one unless given), ``X-Webhook-Timestamp`` and ``X-Webhook-Signature``, the hex
+    HMAC-SHA256 of ``"<id>.<timestamp>." + body``."""
+    msg_id = delivery_id or uuid.uuid4().hex
     timestamp = _timestamp(now)
-    headers = {
-        "X-Webhook-Signature": _hex_hmac(secret, _hmac_payload(timestamp, body)),
+    return {
+        "X-Webhook-Id": msg_id,
         "X-Webhook-Timestamp": timestamp,
+        "X-Webhook-Signature": _hex_hmac(secret, _hmac_payload(msg_id, timestamp, body)),
     }
-    if delivery_id:
-        headers["X-Webhook-Id"] = delivery_id
-    return headers
 
 
 def verify_hmac_sha256(
@@ -236,22 +277,29 @@ def verify_hmac_sha256(
     headers: Mapping[str, str],
     now: float | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-) -> str:
-    """Check hex HMAC-SHA256 over ``b"<timestamp>." + body``.
+    *,
+    window: float = DEFAULT_REPLAY_WINDOW,
+    allow_unsigned_id: bool = False,
+) -> Delivery:
+    """Check the hex HMAC-SHA256 of ``"<X-Webhook-Id>.<X-Webhook-Timestamp>." + body``; the key is that signed id.
 
-    Returns ``X-Webhook-Id`` if present (it is not signed), else the hex SHA-256 of the signed payload,
-    which makes a replay inside the tolerance window dedupe to the same id.
+    With `allow_unsigned_id`, a signature of ``"<timestamp>." + body`` (senders that cannot sign the id) is also
+    accepted; its id is then ignored and the key is the body's hash within the `tolerance`-long window its signed
+    timestamp falls in, so a replay (same timestamp) always dedupes and an identical body in a later window runs.
     """
     keys = _secrets(secrets)
     h = _lower(headers)
     header = _require(h, "X-Webhook-Signature")
     timestamp = _require(h, "X-Webhook-Timestamp")
+    msg_id = h.get("x-webhook-id", "") if allow_unsigned_id else _require(h, "X-Webhook-Id")
     provided = _hex_signature(header, "X-Webhook-Signature")
     _check_timestamp(timestamp, now, tolerance)
-    payload = _hmac_payload(timestamp, body)
-    if not _any_equal([_hex_hmac(k, payload) for k in keys], [provided]):
-        raise SignatureError("signature mismatch")
-    return h.get("x-webhook-id") or hashlib.sha256(payload).hexdigest()
+    if msg_id and _any_equal([_hex_hmac(k, _hmac_payload(msg_id, timestamp, body)) for k in keys], [provided]):
+        return Delivery(msg_id, msg_id)
+    if allow_unsigned_id and _any_equal([_hex_hmac(k, _unsigned_id_payload(timestamp, body)) for k in keys],
+                                        [provided]):
+        return Delivery(msg_id, _body_key(body, int(timestamp), tolerance))
+    raise SignatureError("signature mismatch")
 
 
 # --- by scheme name -------------------------------------------------------------------------------------
@@ -284,11 +332,15 @@ def verify(
     headers: Mapping[str, str],
     now: float | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-) -> str:
-    """Verify with the named scheme; returns the delivery id or raises SignatureError (ValueError: config)."""
+    *,
+    window: float = DEFAULT_REPLAY_WINDOW,
+    allow_unsigned_id: bool = False,
+) -> Delivery:
+    """Verify with the named scheme; returns the Delivery or raises SignatureError (ValueError: config)."""
     if scheme not in VERIFIERS:
         raise _unknown_scheme(scheme)
-    return VERIFIERS[scheme](secrets, body, headers, now=now, tolerance=tolerance)
+    return VERIFIERS[scheme](secrets, body, headers, now=now, tolerance=tolerance, window=window,
+                             allow_unsigned_id=allow_unsigned_id)
 
 
 def sign(

@@ -153,12 +153,15 @@ class Harness:
                            secret: str = WEBHOOK_SECRET, delivery_id: str | None = None, event: str = "push",
                            body: bytes | None = None, headers: Mapping[str, str] | None = None
                            ) -> tuple[int, dict[str, Any]]:
+        delivery_id = delivery_id or str(uuid.uuid4())
         if body is None:
+            # One body per delivery id, as GitHub sends: its deliveries dedupe by their signed body.
             payload = payload if payload is not None else {
-                "repository": {"full_name": "acme/rocket"}, "head_commit": {"message": "fix countdown"}}
+                "repository": {"full_name": "acme/rocket"}, "head_commit": {"id": delivery_id,
+                                                                             "message": "fix countdown"}}
             body = json.dumps(payload).encode()
         hdrs = {"Content-Type": "application/json", "X-GitHub-Event": event,
-                **sign(scheme, secret, body, delivery_id=delivery_id or str(uuid.uuid4()))}
+                **sign(scheme, secret, body, delivery_id=delivery_id)}
         hdrs.update(headers or {})
         async with self.http.post(f"{self.base_url}/webhooks/{route}", data=body, headers=hdrs) as r:
             return r.status, await r.json(content_type=None)

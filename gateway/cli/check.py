@@ -1,15 +1,20 @@
 """``check``: validate the config and summarise it, contacting nothing (``doctor`` does the live checks).
 
 The summary, warnings and ``config OK`` go to stderr; ``--show`` prints the resolved YAML (secrets masked)
-to stdout, so it can be redirected on its own.
+to stdout, so it can be redirected on its own. Besides the secret fields, both mask credentials inside URLs
+(userinfo, token-like query parameters), MCP ``args`` that carry a token, and any configured secret or
+known token shape wherever it appears.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from gateway.cli.common import config_parent, config_path
 
@@ -17,6 +22,66 @@ if TYPE_CHECKING:
     from gateway.config import Config
 
 ORDER = 5
+MASK = "***"
+
+# Words that mark a query parameter, an option or a KEY=VALUE argument as carrying a credential.
+_SECRET_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "pass", "pwd", "auth",
+                           "authorization", "bearer", "sig", "signature", "credential", "credentials", "session",
+                           "sessionid", "cookie"})
+
+
+def _secret_name(name: str) -> bool:
+    """``api_key``, ``--access-token``, ``X-Api-Key``, ``authToken``: any word of the name is a credential word."""
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+    return any(word in _SECRET_WORDS for word in re.split(r"[^a-z0-9]+", words))
+
+
+def mask_url(text: str) -> str:
+    """``text`` with a URL's userinfo and its token-like query values masked (anything else unchanged)."""
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return text
+    if not (parts.scheme and parts.netloc):
+        return text
+    netloc = f"{MASK}@{parts.netloc.rpartition('@')[2]}" if "@" in parts.netloc else parts.netloc
+    query = "&".join(f"{name}={MASK}" if sep and value and _secret_name(name) else pair
+                     for pair in parts.query.split("&") for name, sep, value in [pair.partition("=")])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def mask_args(args: list[str]) -> list[str]:
+    """A command line with credentials masked: ``--token X``, ``--api-key=X``, ``API_KEY=X`` and URLs in it."""
+    masked: list[str] = []
+    hide_next = False
+    for arg in args:
+        name, sep, value = arg.partition("=")
+        if hide_next and not arg.startswith("-"):
+            masked.append(MASK)
+        elif sep and value and "://" not in name and _secret_name(name):
+            masked.append(f"{name}={MASK}")
+        else:
+            masked.append(mask_url(arg))
+        hide_next = arg.startswith("-") and not sep and _secret_name(arg)
+    return masked
+
+
+def _mask_strings(value: Any, mask: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, dict):
+        return {k: _mask_strings(v, mask) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_strings(v, mask) for v in value]
+    return value
+
+
+def _shown(cfg: Config, redact: Callable[[str], str]) -> dict[str, Any]:
+    """The resolved config for ``--show``: secret fields, URL credentials and MCP args' tokens masked."""
+    data = cfg.masked()
+    for server in data["mcp_servers"].values():
+        server["args"] = mask_args(server["args"])
+    return _mask_strings(data, lambda text: mask_url(redact(text)))
 
 
 def _toolsets(names: str | list[str]) -> str:
@@ -33,7 +98,7 @@ def _toolsets(names: str | list[str]) -> str:
     return f"{', '.join(listed)} ({count} tools{extra})"
 
 
-def _summary(cfg: Config, path: Path | None) -> list[str]:
+def _summary(cfg: Config, path: Path | None, redact: Callable[[str], str]) -> list[str]:
     from toolsets import toolset_for_platform
 
     p = cfg.platforms
@@ -42,7 +107,7 @@ def _summary(cfg: Config, path: Path | None) -> list[str]:
     enabled = [*chat, *([f"webhook ({len(routes)} routes)"] if routes else []),
                *([f"callback ({len(p.callback.targets)} targets)"] if p.callback.targets else [])]
     lines = [f"config: {path}" if path else "config: none found, the embedded defaults",
-             f"model: {cfg.model.name} at {cfg.model.base_url}",
+             f"model: {cfg.model.name} at {mask_url(redact(cfg.model.base_url))}",
              f"platforms: {', '.join(enabled) or 'none enabled'}"]
     if routes:
         lines.append("webhook routes:")
@@ -61,14 +126,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     import yaml
 
     from gateway.config import load_config
+    from gateway.logs import Redactor
     from gateway.probes import config_findings
     from gateway.tool_sandbox import detect_isolation
 
     path = config_path(args)
     cfg = load_config(path)
+    redact = Redactor(cfg.secret_values())  # a configured secret repeated in a URL or an argument, token shapes
     if args.show:
-        print(yaml.safe_dump(cfg.masked(), sort_keys=False, allow_unicode=True), end="")
-    for line in _summary(cfg, path):
+        print(yaml.safe_dump(_shown(cfg, redact), sort_keys=False, allow_unicode=True), end="")
+    for line in _summary(cfg, path, redact):
         print(line, file=sys.stderr)
     print(f"tool sandbox: {detect_isolation(cfg, path).describe()}", file=sys.stderr)
     for finding in config_findings(cfg):

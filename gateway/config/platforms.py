@@ -35,6 +35,7 @@ from gateway.config.base import (
 from gateway.config.discovery import gateway_home
 from gateway.config.errors import _invalid, _Problem, _raise_if
 from platforms.reaction_rules import reaction_problem
+from platforms.webhook_signatures import DEFAULT_REPLAY_WINDOW, standard_webhooks_key
 
 _DELIVERY_PLATFORMS = (*_CHAT_PLATFORMS, "callback")
 
@@ -64,6 +65,18 @@ def _check_deliver_to(value: str) -> str:
 
 
 _RouteName = Annotated[str, AfterValidator(_check_route_name)]
+_WHSEC_HINT = "copy the whole secret from the sender (whsec_ and its base64), or use a plain string without whsec_"
+
+
+def _whsec_problems(secrets: list[SecretStr], loc: tuple[str | int, ...]) -> list[_Problem]:
+    """A Standard Webhooks ``whsec_`` secret that does not decode would fail every delivery: refuse it at load."""
+    problems = []
+    for i, secret in enumerate(secrets):
+        try:
+            standard_webhooks_key(secret.get_secret_value())
+        except ValueError as exc:
+            problems.append(_Problem(loc + ((i,) if len(secrets) > 1 else ()), str(exc), _WHSEC_HINT))
+    return problems
 
 
 class WebhookRoute(_Section):
@@ -80,6 +93,8 @@ class WebhookRoute(_Section):
     max_body_bytes: int = Field(262144, ge=1)
     max_concurrency: int = Field(4, ge=1)
     tolerance_seconds: int = Field(300, ge=1)
+    replay_window_seconds: int = Field(int(DEFAULT_REPLAY_WINDOW), ge=1)
+    allow_unsigned_id: bool = False
 
     @field_validator("secret")
     @classmethod
@@ -100,6 +115,16 @@ class WebhookRoute(_Section):
     def _known_toolsets(cls, value: str | list[str]) -> str | list[str]:
         _raise_if(_unknown_toolsets(value, plugins=False))
         return value
+
+    @model_validator(mode="after")
+    def _scheme_settings(self) -> Self:
+        problems = (_whsec_problems(self.secret if isinstance(self.secret, list) else [self.secret], ("secret",))
+                    if self.scheme == "standard-webhooks" else [])
+        only = {"replay_window_seconds": "github", "allow_unsigned_id": "hmac-sha256"}
+        problems += [_Problem((key,), f"only used by the {scheme} scheme", "remove it, or change the scheme")
+                     for key, scheme in only.items() if key in self.model_fields_set and self.scheme != scheme]
+        _raise_if(problems)
+        return self
 
     def secrets(self) -> list[str]:
         """The accepted signing secrets, newest first (a list means key rotation)."""
@@ -152,6 +177,7 @@ class CallbackTarget(_Section):
     def _secret_not_empty(cls, value: SecretStr) -> SecretStr:
         if not value.get_secret_value():
             raise _invalid("must not be empty", "use a long random string, e.g. `openssl rand -hex 32`")
+        _raise_if(_whsec_problems([value], ()))  # callbacks are signed with Standard Webhooks headers
         return value
 
 

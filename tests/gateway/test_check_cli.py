@@ -34,8 +34,7 @@ def _write_config(home: Path, marker: Path) -> None:
             "telegram": {"enabled": True, "token": TELEGRAM_TOKEN},
             "webhook": {"routes": {
                 "gh": {"secret": "gh-route-secret", "prompt": "p"},
-                "alerts": {"secret": "alerts-route-secret", "prompt": "p", "deliver_to": "discord:123"},
-                "billing": {"secret": "whsec_not*base64", "scheme": "standard-webhooks", "prompt": "p"}}}},
+                "alerts": {"secret": "alerts-route-secret", "prompt": "p", "deliver_to": "discord:123"}}}},
         "toolsets": {"telegram": "safe"},
         "mcp_servers": {"files": {"command": sys.executable, "args": ["-c", started]}},
     }))
@@ -49,7 +48,7 @@ def test_check_summarises_warns_and_starts_no_mcp_server(tmp_path: Path) -> None
     assert done.stdout == ""  # the resolved YAML only with --show
     lines = done.stderr.splitlines()
     assert lines[0] == f"config: {tmp_path / 'config.yaml'}"
-    assert "platforms: telegram, webhook (3 routes)" in lines
+    assert "platforms: telegram, webhook (2 routes)" in lines
     assert "  gh: POST /webhooks/gh, github signatures, delivers to none" in lines
     assert f"  telegram: safe ({len(resolve_toolset('safe'))} tools)" in lines
     assert f"  cron: hermes-cron ({len(resolve_toolset('hermes-cron'))} tools)" in lines
@@ -58,8 +57,6 @@ def test_check_summarises_warns_and_starts_no_mcp_server(tmp_path: Path) -> None
     assert any(line.startswith("tool sandbox: ") for line in lines)
     assert ("warning: webhook alerts: deliver_to discord:123 names discord, which is not enabled; fix: enable "
             "platforms.discord, or change platforms.webhook.routes.alerts.deliver_to") in lines
-    assert any(line.startswith("warning: webhook billing: platforms.webhook.routes.billing.secret: a whsec_")
-               for line in lines)
     assert ("warning: telegram access: nobody may talk to the bot (deny by default); fix: set auth.dm_pairing: "
             "true, or list users in auth.platforms.telegram.allowed_users") in lines
     assert lines[-1] == "config OK"

@@ -230,10 +230,11 @@ async def test_deeply_nested_signed_json_is_refused_cleanly(make_gateway, scheme
 async def test_rotated_keys_accept_old_and_new_until_the_old_one_is_dropped(make_gateway, scheme: str) -> None:
     h = await make_gateway(_config({"rotating": _route(scheme, secret=[SECRET[scheme], OLD_SECRET[scheme]]),
                                     "rotated": _route(scheme, secret=[SECRET[scheme]])}))
-    assert (await _deliver(h, scheme, route="rotating")).status == 202
-    assert (await _deliver(h, scheme, route="rotating", secret=OLD_SECRET[scheme])).status == 202
-    assert (await _deliver(h, scheme, route="rotated")).status == 202
-    stale = await _deliver(h, scheme, route="rotated", secret=OLD_SECRET[scheme])
+    # distinct bodies: GitHub deliveries dedupe by their signed body
+    assert (await _deliver(h, scheme, {**PAYLOAD, "n": 1}, route="rotating")).status == 202
+    assert (await _deliver(h, scheme, {**PAYLOAD, "n": 2}, route="rotating", secret=OLD_SECRET[scheme])).status == 202
+    assert (await _deliver(h, scheme, {**PAYLOAD, "n": 3}, route="rotated")).status == 202
+    stale = await _deliver(h, scheme, {**PAYLOAD, "n": 4}, route="rotated", secret=OLD_SECRET[scheme])
     assert (stale.status, stale.body) == (401, {"error": "invalid signature: signature mismatch"})
     assert await h.gateway.store.count_inbox() == 3
 
@@ -294,8 +295,11 @@ async def test_duplicate_delivery_is_200_with_the_same_run_and_runs_once(make_ga
 
 
 def _event_delivery(scheme: str, event: str, action: str | None = None) -> tuple[bytes, dict[str, str]]:
-    """A delivery of ``event``: GitHub names it in a header, the other schemes in the payload's ``type``."""
-    payload: dict[str, Any] = {"repository": {"full_name": "acme/rocket"}}
+    """A delivery of ``event``: GitHub names it in a header, the other schemes in the payload's ``type``.
+
+    The payload has the event's shape (GitHub's header must match it on a filtered route)."""
+    shapes = {"issues": {"issue": {"number": 1}}, "push": {"ref": "refs/heads/main", "pusher": {"name": "ana"}}}
+    payload: dict[str, Any] = {"repository": {"full_name": "acme/rocket"}, **shapes[event]}
     if action:
         payload["action"] = action
     if scheme == "github":
@@ -366,9 +370,9 @@ async def test_rate_limit_429_with_retry_after_and_forgeries_spend_no_budget(mak
     h = await make_gateway(_config(rate_limit_per_minute=2))
     for _ in range(5):
         assert (await _deliver(h, scheme, secret="forger-secret-0123456789")).status == 401
-    assert (await _deliver(h, scheme)).status == 202
-    assert (await _deliver(h, scheme)).status == 202
-    limited = await _deliver(h, scheme)
+    assert (await _deliver(h, scheme, {**PAYLOAD, "n": 1})).status == 202
+    assert (await _deliver(h, scheme, {**PAYLOAD, "n": 2})).status == 202
+    limited = await _deliver(h, scheme, {**PAYLOAD, "n": 3})
     assert (limited.status, limited.body) == (429, {"error": "rate limit exceeded for this route"})
     assert 1 <= int(limited.headers["Retry-After"]) <= 30
     assert await h.gateway.store.count_inbox() == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 from collections.abc import Callable
 
@@ -15,8 +16,10 @@ from platforms.webhook_signatures import (
     SCHEMES,
     SIGNERS,
     VERIFIERS,
+    Delivery,
     SignatureError,
     sign,
+    standard_webhooks_key,
     verify,
 )
 
@@ -49,26 +52,24 @@ def test_registries_cover_the_same_schemes() -> None:
 @schemes
 def test_sign_then_verify_returns_the_delivery_id(scheme: str) -> None:
     headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="delivery-1")
-    assert verify(scheme, [NEW_SECRET], BODY, headers, now=NOW) == "delivery-1"
+    assert verify(scheme, [NEW_SECRET], BODY, headers, now=NOW).id == "delivery-1"
 
 
 @schemes
 def test_headers_are_case_insensitive(scheme: str) -> None:
     headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="d")
     for variant in ({k.upper(): v for k, v in headers.items()}, {k.lower(): v for k, v in headers.items()}):
-        assert verify(scheme, [NEW_SECRET], BODY, variant, now=NOW) == "d"
+        assert verify(scheme, [NEW_SECRET], BODY, variant, now=NOW).id == "d"
 
 
 def test_generated_delivery_ids() -> None:
     github = sign("github", NEW_SECRET, BODY)
-    assert verify("github", NEW_SECRET, BODY, github) == github["X-GitHub-Delivery"]
+    assert verify("github", NEW_SECRET, BODY, github).id == github["X-GitHub-Delivery"]
     standard = sign("standard-webhooks", NEW_SECRET, BODY, now=NOW)
     assert standard["webhook-id"].startswith("msg_")
-    # Without X-Webhook-Id the id is the SHA-256 of the signed payload, so a replay dedupes.
-    plain = sign("hmac-sha256", NEW_SECRET, BODY, now=NOW)
-    assert "X-Webhook-Id" not in plain
-    expected = hashlib.sha256(f"{int(NOW)}.".encode() + BODY).hexdigest()
-    assert verify("hmac-sha256", NEW_SECRET, BODY, plain, now=NOW) == expected
+    first, second = sign("hmac-sha256", NEW_SECRET, BODY, now=NOW), sign("hmac-sha256", NEW_SECRET, BODY, now=NOW)
+    assert first["X-Webhook-Id"] != second["X-Webhook-Id"]
+    assert verify("hmac-sha256", NEW_SECRET, BODY, first, now=NOW).key == first["X-Webhook-Id"]
 
 
 def test_standard_webhooks_published_test_vector() -> None:
@@ -85,15 +86,15 @@ def test_standard_webhooks_published_test_vector() -> None:
 def test_standard_webhooks_accepts_any_listed_signature_and_raw_secrets() -> None:
     headers = sign("standard-webhooks", NEW_SECRET, BODY, now=NOW, delivery_id="m")
     headers["webhook-signature"] = "v1,bm9wZQ== v1a,ignored " + headers["webhook-signature"]
-    assert verify("standard-webhooks", [NEW_SECRET], BODY, headers, now=NOW) == "m"
+    assert verify("standard-webhooks", [NEW_SECRET], BODY, headers, now=NOW).id == "m"
     raw = sign("standard-webhooks", "plain-text-secret", BODY, now=NOW, delivery_id="r")
-    assert verify("standard-webhooks", ["plain-text-secret"], BODY, raw, now=NOW) == "r"
+    assert verify("standard-webhooks", ["plain-text-secret"], BODY, raw, now=NOW).id == "r"
 
 
 def test_hmac_sha256_accepts_optional_prefix() -> None:
     headers = sign("hmac-sha256", NEW_SECRET, BODY, now=NOW, delivery_id="p")
     headers["X-Webhook-Signature"] = "sha256=" + headers["X-Webhook-Signature"]
-    assert verify("hmac-sha256", [NEW_SECRET], BODY, headers, now=NOW) == "p"
+    assert verify("hmac-sha256", [NEW_SECRET], BODY, headers, now=NOW).id == "p"
 
 
 # --- tampering -----------------------------------------------------------------------------------------
@@ -113,7 +114,7 @@ def _mutate(value: bytes, index: int, delta: int) -> bytes:
 )
 def test_any_one_byte_body_change_fails(scheme: str, body: bytes, index: int, delta: int) -> None:
     headers = sign(scheme, NEW_SECRET, body, now=NOW, delivery_id="d")
-    assert verify(scheme, [NEW_SECRET], body, headers, now=NOW) == "d"
+    assert verify(scheme, [NEW_SECRET], body, headers, now=NOW).id == "d"
     assert _reason(scheme, _mutate(body, index, delta), headers) == "signature mismatch"
 
 
@@ -224,7 +225,7 @@ def test_reserialized_json_fails(scheme: str) -> None:
 def test_non_utf8_body_is_verified_over_raw_bytes(scheme: str) -> None:
     body = b"\xff\xfe\x00binary\x80payload"
     headers = sign(scheme, NEW_SECRET, body, now=NOW, delivery_id="bin")
-    assert verify(scheme, [NEW_SECRET], body, headers, now=NOW) == "bin"
+    assert verify(scheme, [NEW_SECRET], body, headers, now=NOW).id == "bin"
     assert _reason(scheme, body.replace(b"\xff", b"\xfd"), headers) == "signature mismatch"
 
 
@@ -253,7 +254,7 @@ def test_non_numeric_timestamp(scheme: str, value: str) -> None:
 
 def test_github_ignores_time() -> None:
     headers = sign("github", NEW_SECRET, BODY, delivery_id="g")
-    assert verify("github", [NEW_SECRET], BODY, headers, now=0.0) == "g"
+    assert verify("github", [NEW_SECRET], BODY, headers, now=0.0).id == "g"
 
 
 # --- key rotation --------------------------------------------------------------------------------------
@@ -263,9 +264,9 @@ def test_github_ignores_time() -> None:
 def test_rotated_secrets(scheme: str) -> None:
     old = sign(scheme, OLD_SECRET, BODY, now=NOW, delivery_id="old")
     new = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="new")
-    assert verify(scheme, [NEW_SECRET, OLD_SECRET], BODY, old, now=NOW) == "old"
-    assert verify(scheme, [NEW_SECRET, OLD_SECRET], BODY, new, now=NOW) == "new"
-    assert verify(scheme, NEW_SECRET, BODY, new, now=NOW) == "new"
+    assert verify(scheme, [NEW_SECRET, OLD_SECRET], BODY, old, now=NOW).id == "old"
+    assert verify(scheme, [NEW_SECRET, OLD_SECRET], BODY, new, now=NOW).id == "new"
+    assert verify(scheme, NEW_SECRET, BODY, new, now=NOW).id == "new"
     assert _reason(scheme, BODY, old, secrets=[NEW_SECRET]) == "signature mismatch"
 
 
@@ -274,7 +275,7 @@ def test_rotated_secrets(scheme: str) -> None:
 _REQUIRED = {
     "github": ["X-Hub-Signature-256", "X-GitHub-Delivery"],
     "standard-webhooks": ["webhook-id", "webhook-timestamp", "webhook-signature"],
-    "hmac-sha256": ["X-Webhook-Signature", "X-Webhook-Timestamp"],
+    "hmac-sha256": ["X-Webhook-Signature", "X-Webhook-Timestamp", "X-Webhook-Id"],
 }
 
 
@@ -329,3 +330,88 @@ def test_configuration_errors_are_value_errors() -> None:
         verify("github", [""], BODY, headers)
     with pytest.raises(ValueError, match="base64"):
         verify("standard-webhooks", ["whsec_!!!"], BODY, sign("standard-webhooks", NEW_SECRET, BODY))
+
+
+# --- dedupe keys: bound to signed content ---------------------------------------------------------------
+
+
+def _body_key(body: bytes, bucket: int) -> str:
+    return f"body:{hashlib.sha256(body).hexdigest()}:{bucket}"
+
+
+def test_signed_ids_are_the_keys() -> None:
+    for scheme in ("standard-webhooks", "hmac-sha256"):
+        headers = sign(scheme, NEW_SECRET, BODY, now=NOW, delivery_id="evt-1")
+        assert verify(scheme, [NEW_SECRET], BODY, headers, now=NOW) == Delivery("evt-1", "evt-1")
+
+
+def test_hmac_sha256_signs_id_timestamp_and_body() -> None:
+    """The documented string to sign, computed by hand as a sender would."""
+    digest = hmac.new(b"s3cret", b"evt-1.1700000000." + BODY, hashlib.sha256).hexdigest()
+    headers = {"X-Webhook-Id": "evt-1", "X-Webhook-Timestamp": "1700000000", "X-Webhook-Signature": digest}
+    assert sign("hmac-sha256", "s3cret", BODY, now=NOW, delivery_id="evt-1") == headers
+    assert verify("hmac-sha256", "s3cret", BODY, headers, now=NOW).key == "evt-1"
+
+
+def test_hmac_sha256_id_cannot_be_changed_or_dropped() -> None:
+    headers = sign("hmac-sha256", NEW_SECRET, BODY, now=NOW, delivery_id="evt-1")
+    assert _reason("hmac-sha256", BODY, {**headers, "X-Webhook-Id": "evt-2"}) == "signature mismatch"
+    assert _reason("hmac-sha256", BODY, _without_id(headers)) == "missing header X-Webhook-Id"
+
+
+def _without_id(headers: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k != "X-Webhook-Id"}
+
+
+def _unsigned_id(secret: str, body: bytes, timestamp: int, msg_id: str | None = None) -> dict[str, str]:
+    """An older sender's headers: the signature covers ``"<timestamp>." + body`` only."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return {"X-Webhook-Signature": digest, "X-Webhook-Timestamp": str(timestamp),
+            **({"X-Webhook-Id": msg_id} if msg_id else {})}
+
+
+def test_hmac_sha256_unsigned_id_needs_the_compatibility_option() -> None:
+    old = _unsigned_id(NEW_SECRET, BODY, int(NOW), "evt-1")
+    assert _reason("hmac-sha256", BODY, old) == "signature mismatch"
+    delivery = verify("hmac-sha256", NEW_SECRET, BODY, old, now=NOW, tolerance=300, allow_unsigned_id=True)
+    assert delivery == Delivery("evt-1", _body_key(BODY, int(NOW) // 300))
+    # any other id, or none, leaves the key alone: the id is not signed
+    for other in (_unsigned_id(NEW_SECRET, BODY, int(NOW), "evt-2"), _unsigned_id(NEW_SECRET, BODY, int(NOW))):
+        assert verify("hmac-sha256", NEW_SECRET, BODY, other, now=NOW, allow_unsigned_id=True).key == delivery.key
+    # a sender that signs the id keeps its signed id as the key with the option on
+    signed = sign("hmac-sha256", NEW_SECRET, BODY, now=NOW, delivery_id="evt-3")
+    assert verify("hmac-sha256", NEW_SECRET, BODY, signed, now=NOW, allow_unsigned_id=True).key == "evt-3"
+
+
+def test_hmac_sha256_unsigned_id_window_follows_the_signed_timestamp() -> None:
+    """Keyed by the signed timestamp's window, not the arrival time: a replay carries the same timestamp, so it
+    keeps its key even when it arrives in the next window; an identical body signed in a later window runs."""
+    sent = int(NOW) - int(NOW) % 300 + 299  # the last second of a window
+    original = _unsigned_id(NEW_SECRET, BODY, sent)
+    key = verify("hmac-sha256", NEW_SECRET, BODY, original, now=sent, tolerance=300, allow_unsigned_id=True).key
+    replayed = verify("hmac-sha256", NEW_SECRET, BODY, original, now=sent + 200, tolerance=300,
+                      allow_unsigned_id=True)
+    assert replayed.key == key
+    later = _unsigned_id(NEW_SECRET, BODY, sent + 1)
+    assert verify("hmac-sha256", NEW_SECRET, BODY, later, now=sent + 1, tolerance=300,
+                  allow_unsigned_id=True).key != key
+
+
+def test_github_key_is_the_body_within_the_window_whatever_the_delivery_id() -> None:
+    first = verify("github", NEW_SECRET, BODY, sign("github", NEW_SECRET, BODY, delivery_id="a"), now=NOW,
+                   window=3600)
+    assert first == Delivery("a", _body_key(BODY, int(NOW) // 3600))
+    start = int(NOW) // 3600 * 3600
+    keys = {verify("github", NEW_SECRET, BODY, sign("github", NEW_SECRET, BODY, delivery_id=i), now=t,
+                   window=3600).key for i, t in (("b", start), ("c", start + 3599))}
+    assert keys == {first.key}
+    later = verify("github", NEW_SECRET, BODY, sign("github", NEW_SECRET, BODY), now=start + 3600, window=3600)
+    assert later.key == _body_key(BODY, int(NOW) // 3600 + 1)
+    other = b'{"event": "push", "ref": "refs/heads/dev"}'
+    assert verify("github", NEW_SECRET, other, sign("github", NEW_SECRET, other), now=NOW, window=3600).key != first.key
+
+
+@pytest.mark.parametrize("secret", ["whsec_!!!", "whsec_caf\u00e9", "whsec_"])
+def test_undecodable_whsec_secret_is_a_value_error(secret: str) -> None:
+    with pytest.raises(ValueError, match="whsec_"):
+        standard_webhooks_key(secret)
