@@ -18,7 +18,7 @@ import aiohttp
 
 from gateway.sim.discord_api import GENERAL_ID
 from gateway.sim.slack_api import Delivery
-from platforms.webhook_signatures import sign
+from platforms.webhook_signatures import sign, verify
 from tests.chaos.world import DISCORD_USERS, SLACK_USERS, TELEGRAM_USERS, WEBHOOK_ROUTES, World
 
 PLATFORMS = ("telegram", "slack", "discord", "webhook")
@@ -175,7 +175,10 @@ class Driver:
         if scheme == "standard-webhooks":
             delivery_id = f"msg_{delivery_id.replace('-', '')}"
         body = json.dumps({"token": token, "ref": "refs/heads/main"}).encode()
-        inp = Input(seq, "webhook", token, f"webhook:{route}:{delivery_id}", "callback", "sink")
+        secret = WEBHOOK_ROUTES[route][1]
+        # The inbox's key: the signed id, or for GitHub (which signs no id) the body within its replay window.
+        key = verify(scheme, secret, body, sign(scheme, secret, body, delivery_id=delivery_id)).key
+        inp = Input(seq, "webhook", token, f"webhook:{route}:{key}", "callback", "sink")
         self._spawn(self._post_until_accepted(inp, route, body, delivery_id, repeat=False))
         return inp
 
