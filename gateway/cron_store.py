@@ -1,6 +1,6 @@
 """Durable cron job definitions: the ``cron_jobs`` table and async access to it.
 
-The table is defined on the store's metadata, so ``Store.open`` creates it. Every method that
+The table is in ``gateway.schema``, so ``Store.open`` creates it. Every method that
 takes an ``actor`` sees only that user's jobs (None: every job, for admins and operators). Writes
 return the row as stored, so callers keep an exact copy; fire bookkeeping is a compare-and-set on
 the job's next fire time, so two schedulers can never advance a job twice for one fire.
@@ -16,41 +16,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from gateway.schema import inbox_t, metadata
+from gateway.schema import cron_jobs_t, inbox_t
 from gateway.store import Store
 from tools.cronjob_tools import CronJob, Schedule, first_fire, resolve_timezone
-
-cron_jobs_t = sa.Table(
-    "cron_jobs", metadata,
-    sa.Column("id", sa.String(16), primary_key=True),
-    sa.Column("owner", sa.String(255), nullable=False, index=True),
-    sa.Column("name", sa.String(200), nullable=False, default=""),
-    sa.Column("prompt", sa.Text, nullable=False),
-    sa.Column("schedule", sa.Text, nullable=False),
-    sa.Column("timezone", sa.String(64), nullable=False),
-    sa.Column("origin_platform", sa.String(32), nullable=False),
-    sa.Column("origin_chat_id", sa.String(255), nullable=False),
-    sa.Column("origin_thread_id", sa.String(255)),
-    sa.Column("session_key", sa.String(255)),
-    sa.Column("repeat", sa.Integer),
-    sa.Column("deliver", sa.String(512), nullable=False),
-    sa.Column("notify", sa.String(16), nullable=False),
-    sa.Column("misfire", sa.String(16), nullable=False),
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("fires", sa.Integer, nullable=False, default=0),
-    sa.Column("next_fire_at", sa.Float),
-    sa.Column("last_fire_at", sa.Float),
-    sa.Column("last_run_id", sa.String(64)),
-    sa.Column("last_status", sa.String(16)),
-    sa.Column("last_error", sa.Text),
-    sa.Column("last_result", sa.Text),
-    sa.Column("consecutive_failures", sa.Integer, nullable=False, default=0),
-    sa.Column("last_misfire", sa.Text),
-    sa.Column("paused_reason", sa.Text),
-    sa.Column("run_requested_at", sa.Float),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-)
 
 _EDITABLE = ("name", "prompt", "schedule", "timezone", "repeat", "deliver", "notify", "misfire")
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gateway.config import cli_command
-from gateway.schema import insert_ignoring_conflicts, metadata
+from gateway.schema import approved_users_t, insert_ignoring_conflicts, pairing_codes_t, pairing_failures_t
 from gateway.store import OutboxPart, OutboxRow, Store
 
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
@@ -26,35 +26,6 @@ CODE_LENGTH = 8
 CODE_MESSAGE_INTERVAL = 3600.0
 MAX_FAILED_APPROVALS = 5
 LOCKOUT_SECONDS = 3600.0
-
-pairing_codes_t = sa.Table(
-    "pairing_codes", metadata,
-    sa.Column("code", sa.String(16), primary_key=True),
-    sa.Column("platform", sa.String(32), nullable=False),
-    sa.Column("user_id", sa.String(255), nullable=False),
-    sa.Column("user_name", sa.String(255)),
-    sa.Column("chat_id", sa.String(255), nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("expires_at", sa.Float, nullable=False),
-    sa.Index("ix_pairing_user", "platform", "user_id"),
-)
-
-approved_users_t = sa.Table(
-    "approved_users", metadata,
-    sa.Column("platform", sa.String(32), primary_key=True),
-    sa.Column("user_id", sa.String(255), primary_key=True),
-    sa.Column("user_name", sa.String(255)),
-    sa.Column("approved_by", sa.String(255), nullable=False),
-    sa.Column("approved_at", sa.Float, nullable=False),
-)
-
-pairing_failures_t = sa.Table(
-    "pairing_failures", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("at", sa.Float, nullable=False),
-)
-
 
 def normalize_code(text: str) -> str:
     """Codes are shown as ``ABCD-EFGH``; accept any case, dashes and spaces."""

@@ -39,12 +39,14 @@ from sqlalchemy.engine import Connection
 from gateway.config import Config, ConfigError
 from gateway.config.store import RetentionSettings
 from gateway.db import Database, SqliteDatabase, normalize_url
-from gateway.pairing import CODE_MESSAGE_INTERVAL, LOCKOUT_SECONDS, pairing_codes_t, pairing_failures_t
+from gateway.pairing import CODE_MESSAGE_INTERVAL, LOCKOUT_SECONDS
 from gateway.schema import (
     inbox_t,
     messages_t,
     metadata,
     outbox_t,
+    pairing_codes_t,
+    pairing_failures_t,
     run_usage_t,
     runs_t,
     session_summaries_t,

@@ -1,6 +1,7 @@
 """The database schema: every table, and migrating a database to it (the revisions are in gateway/migrations).
 
-Modules that keep their own state (cron jobs, pairing codes) add their tables to ``metadata``.
+Every table is here, whichever modules a process imports: a database is created (and compared with its
+revisions) from this one ``metadata``.
 """
 
 from __future__ import annotations
@@ -216,6 +217,71 @@ platform_state_t = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),
 )
 
+# Scheduled jobs (gateway/cron_store.py).
+cron_jobs_t = sa.Table(
+    "cron_jobs", metadata,
+    sa.Column("id", sa.String(16), primary_key=True),
+    sa.Column("owner", sa.String(255), nullable=False, index=True),
+    sa.Column("name", sa.String(200), nullable=False, default=""),
+    sa.Column("prompt", sa.Text, nullable=False),
+    sa.Column("schedule", sa.Text, nullable=False),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    sa.Column("origin_platform", sa.String(32), nullable=False),
+    sa.Column("origin_chat_id", sa.String(255), nullable=False),
+    sa.Column("origin_thread_id", sa.String(255)),
+    sa.Column("session_key", sa.String(255)),
+    sa.Column("repeat", sa.Integer),
+    sa.Column("deliver", sa.String(512), nullable=False),
+    sa.Column("notify", sa.String(16), nullable=False),
+    sa.Column("misfire", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("fires", sa.Integer, nullable=False, default=0),
+    sa.Column("next_fire_at", sa.Float),
+    sa.Column("last_fire_at", sa.Float),
+    sa.Column("last_run_id", sa.String(64)),
+    sa.Column("last_status", sa.String(16)),
+    sa.Column("last_error", sa.Text),
+    sa.Column("last_result", sa.Text),
+    sa.Column("consecutive_failures", sa.Integer, nullable=False, default=0),
+    sa.Column("last_misfire", sa.Text),
+    sa.Column("paused_reason", sa.Text),
+    sa.Column("run_requested_at", sa.Float),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+
+# DM pairing (gateway/pairing.py): codes issued, users approved, failed approvals (for the lockout).
+pairing_codes_t = sa.Table(
+    "pairing_codes", metadata,
+    sa.Column("code", sa.String(16), primary_key=True),
+    sa.Column("platform", sa.String(32), nullable=False),
+    sa.Column("user_id", sa.String(255), nullable=False),
+    sa.Column("user_name", sa.String(255)),
+    sa.Column("chat_id", sa.String(255), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Index("ix_pairing_user", "platform", "user_id"),
+)
+
+
+approved_users_t = sa.Table(
+    "approved_users", metadata,
+    sa.Column("platform", sa.String(32), primary_key=True),
+    sa.Column("user_id", sa.String(255), primary_key=True),
+    sa.Column("user_name", sa.String(255)),
+    sa.Column("approved_by", sa.String(255), nullable=False),
+    sa.Column("approved_at", sa.Float, nullable=False),
+)
+
+
+pairing_failures_t = sa.Table(
+    "pairing_failures", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
 meta_t = sa.Table(
     "meta", metadata,
     sa.Column("key", sa.String(64), primary_key=True),
@@ -266,6 +332,7 @@ def migrate(conn: Connection) -> None:
     from alembic import command  # imported only when there is something to migrate
     from alembic.config import Config
 
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its step-by-step INFO lines: ours says what happens
     cfg = Config()
     cfg.set_main_option("script_location", "gateway:migrations")
     cfg.attributes["connection"] = conn

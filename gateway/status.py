@@ -15,8 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gateway.cron_store import cron_jobs_t
-from gateway.schema import outbox_t, runs_t
+from gateway.schema import cron_jobs_t, outbox_t, runs_t
 from gateway.store import Store
 from tools.sandbox import Isolation
 

@@ -18,9 +18,9 @@ import sqlalchemy as sa
 from gateway.cli import main
 from gateway.config import ConfigError, load_config
 from gateway.config.store import RetentionSettings
-from gateway.pairing import PairingStore, pairing_codes_t
+from gateway.pairing import PairingStore
 from gateway.retention import check_dedupe_window, prune
-from gateway.schema import inbox_t, messages_t, outbox_t, run_usage_t, runs_t, session_summaries_t
+from gateway.schema import inbox_t, messages_t, outbox_t, pairing_codes_t, run_usage_t, runs_t, session_summaries_t
 from gateway.session_summary import SummaryStore
 from gateway.store import ChatMessage, NewRun, OutboxPart, RunCompletion, RunUsage, Store
 
