@@ -122,7 +122,7 @@ class Gateway:
         check_dedupe_window(cfg)
         self.store = await Store.open(cfg.store.url)
         if not self.local:
-            self.pruner = Pruner(self.store, cfg.store.retention)
+            self.pruner = Pruner(self.store, cfg.store.retention, cfg.limits)
         coordinator = self.coordinator
         coordinator.on_leadership = lambda _leader: self._leadership_changed.set()
         await coordinator.start()

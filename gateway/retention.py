@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gateway.config import Config, ConfigError
+from gateway.config.sections import LimitsSettings
 from gateway.config.store import RetentionSettings
 from gateway.db import Database, SqliteDatabase, normalize_url
 from gateway.pairing import CODE_MESSAGE_INTERVAL, LOCKOUT_SECONDS
@@ -50,7 +51,10 @@ from gateway.schema import (
     run_usage_t,
     runs_t,
     session_summaries_t,
+    user_rate_limits_t,
+    user_usage_t,
 )
+from gateway.shared_limits import BUDGET_MINUTES
 from gateway.store import FINAL_RUN_STATES, Store
 
 logger = logging.getLogger(__name__)
@@ -58,7 +62,7 @@ logger = logging.getLogger(__name__)
 BATCH_PAUSE = 0.05  # seconds between two batches: other writers go first
 VACUUM_STEP = 512  # SQLite pages handed back per write (2 MiB at the default page size)
 VACUUM_RESERVE = 0.1  # free pages kept for new rows, as a share of the file, before any are handed back
-KINDS = ("events", "dedupe", "transcripts", "summaries", "outbox", "usage", "pairing")
+KINDS = ("events", "dedupe", "transcripts", "summaries", "outbox", "usage", "pairing", "limits")
 
 
 @dataclass(slots=True)
@@ -119,6 +123,7 @@ class _Cutoffs:
     usage: float | None
     pairing_codes: float
     pairing_failures: float
+    now: float
 
     @classmethod
     def at(cls, rules: RetentionSettings, now: float) -> _Cutoffs:
@@ -133,7 +138,7 @@ class _Cutoffs:
             usage = min(usage, _month_start(now, 1) - 86400)
         return cls(before(rules.events), before(rules.cron_fires), dedupe_after(rules.events),
                    dedupe_after(rules.cron_fires), before(rules.transcripts), before(rules.outbox), usage,
-                   now - CODE_MESSAGE_INTERVAL, now - LOCKOUT_SECONDS)
+                   now - CODE_MESSAGE_INTERVAL, now - LOCKOUT_SECONDS, now)
 
 
 def _per_platform(cron: float | None, other: float | None) -> Any:
@@ -169,6 +174,19 @@ def _compact(conn: Connection, ids: list[Any]) -> None:
     run_ids = sa.select(inbox_t.c.run_id).where(inbox_t.c.id.in_(ids), inbox_t.c.run_id.is_not(None))
     conn.execute(runs_t.delete().where(runs_t.c.id.in_(run_ids), runs_t.c.status.in_(FINAL_RUN_STATES)))
     conn.execute(inbox_t.update().where(inbox_t.c.id.in_(ids)).values(status=_PRUNED, payload="{}"))
+
+
+def _limit_kinds(cut: _Cutoffs, limits: LimitsSettings | None) -> list[_Kind]:
+    """Users' limit rows that no longer limit anything: minutes of usage past the hourly budgets' hour, and
+    buckets refilled to full by now (a missing bucket is a full one). Without the limits (the CLI reads only the
+    store's config), buckets stay."""
+    kinds = [_Kind("limits", user_usage_t, user_usage_t.c.user_key,
+                   user_usage_t.c.minute < int(cut.now // 60) - BUDGET_MINUTES)]
+    if limits is not None:
+        b, rate = user_rate_limits_t, limits.user_messages_per_minute / 60
+        full = b.c.tokens + (cut.now - b.c.refilled_at) * rate >= limits.user_burst
+        kinds.append(_Kind("limits", b, b.c.user_key, full))
+    return kinds
 
 
 def _kinds(cut: _Cutoffs) -> list[_Kind]:
@@ -237,13 +255,14 @@ def _count(conn: Connection, kind: _Kind) -> int:
 
 
 async def prune(store: Store, rules: RetentionSettings, *, now: float | None = None, dry_run: bool = False,
-                pause: float = BATCH_PAUSE) -> PruneReport:
+                pause: float = BATCH_PAUSE, limits: LimitsSettings | None = None) -> PruneReport:
     """Prune every kind once, in batches of ``rules.batch_size`` rows, each its own short write; a dry run
-    only counts. ``now`` is the time the windows are measured back from."""
+    only counts. ``now`` is the time the windows are measured back from; ``limits``: the gateway's, for users'
+    rate-limit buckets."""
     cut = _Cutoffs.at(rules, time.time() if now is None else now)
     report = PruneReport()
     db = store.db
-    for kind in _kinds(cut):
+    for kind in _kinds(cut) + _limit_kinds(cut, limits):
         if dry_run:
             report.rows[kind.name] += await db.read(lambda conn, kind=kind: _count(conn, kind))
             continue
@@ -288,9 +307,10 @@ async def _hand_back_pages(db: Database, pause: float) -> int:
 class Pruner:
     """The background loop: a prune every ``rules.interval`` seconds while this replica leads."""
 
-    def __init__(self, store: Store, rules: RetentionSettings) -> None:
+    def __init__(self, store: Store, rules: RetentionSettings, limits: LimitsSettings | None = None) -> None:
         self.store = store
         self.rules = rules
+        self.limits = limits
         self.last: PruneReport | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -314,7 +334,7 @@ class Pruner:
     async def _loop(self) -> None:
         while True:
             try:
-                self.last = report = await prune(self.store, self.rules)
+                self.last = report = await prune(self.store, self.rules, limits=self.limits)
                 if report.total:
                     logger.info("retention: pruned %s in %d batches",
                                 ", ".join(f"{n} {k}" for k, n in report.rows.items() if n), report.batches)

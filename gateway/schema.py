@@ -22,7 +22,7 @@ from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 MIGRATION_LOCK_KEY = 0x4845524D4553  # pg_advisory_xact_lock key: one migrating process at a time
 
 metadata = sa.MetaData()
@@ -189,6 +189,7 @@ run_usage_t = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Index("ix_run_usage_user", "user_key", "created_at"),
     sa.Index("ix_run_usage_session", "session_key", "epoch"),
+    sa.Index("ix_run_usage_created", "created_at"),  # retention
 )
 
 # Each user's inbound message bucket (gateway/limits.py), shared by restarts and replicas: its tokens as of

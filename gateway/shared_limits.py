@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from gateway.schema import insert_ignoring_conflicts, user_rate_limits_t, user_usage_t
 
-_MINUTES_PER_HOUR = 60
+BUDGET_MINUTES = 60  # the hourly budgets look back this many minutes
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +91,11 @@ def charge_user(conn: Connection, charge: UserCharge, now: float) -> None:
     minute = int(now // 60)
     conn.execute(_usage_add(conn.dialect.name), {"user_key": charge.user_key, "minute": minute,
                                                  "model_calls": charge.model_calls, "tokens": charge.tokens})
-    conn.execute(_USAGE_FORGET, {"b_key": charge.user_key, "b_before": minute - _MINUTES_PER_HOUR})
+    conn.execute(_USAGE_FORGET, {"b_key": charge.user_key, "b_before": minute - BUDGET_MINUTES})
 
 
 def hour_usage(conn: Connection, user_key: str, now: float) -> tuple[int, int]:
     """(model calls, tokens) the user's finished runs charged in the last hour (to the minute)."""
-    params = {"b_key": user_key, "b_before": int(now // 60) - _MINUTES_PER_HOUR}
+    params = {"b_key": user_key, "b_before": int(now // 60) - BUDGET_MINUTES}
     calls, tokens = conn.execute(_USAGE_HOUR, params).one()
     return int(calls), int(tokens)

@@ -151,8 +151,8 @@ async def test_store_current_and_migrate_on_the_previous_releases_database(tmp_p
     current = _cli(tmp_path, "store", "current")
     assert current.returncode == 0, current.stderr
     assert current.stdout.strip() == (
-        "schema v4 (from before Alembic): this gateway migrates it to v6 when it starts; to do it now, back the "
-        "database up, then run: hermes-gateway store migrate")
+        f"schema v4 (from before Alembic): this gateway migrates it to v{SCHEMA_VERSION} when it starts; to do it "
+        "now, back the database up, then run: hermes-gateway store migrate")
     migrated = _cli(tmp_path, "store", "migrate")
     assert migrated.returncode == 0, migrated.stderr
     assert migrated.stdout.strip() == f"migrated v4 to schema v{SCHEMA_VERSION} (revision {HEAD_REVISION})"

@@ -17,10 +17,21 @@ import sqlalchemy as sa
 
 from gateway.cli import main
 from gateway.config import ConfigError, load_config
+from gateway.config.sections import LimitsSettings
 from gateway.config.store import RetentionSettings
 from gateway.pairing import PairingStore
 from gateway.retention import check_dedupe_window, prune
-from gateway.schema import inbox_t, messages_t, outbox_t, pairing_codes_t, run_usage_t, runs_t, session_summaries_t
+from gateway.schema import (
+    inbox_t,
+    messages_t,
+    outbox_t,
+    pairing_codes_t,
+    run_usage_t,
+    runs_t,
+    session_summaries_t,
+    user_rate_limits_t,
+    user_usage_t,
+)
 from gateway.session_summary import SummaryStore
 from gateway.store import ChatMessage, NewRun, OutboxPart, RunCompletion, RunUsage, Store
 
@@ -353,3 +364,24 @@ async def test_the_prune_loop_runs_only_while_leading(make_gateway) -> None:
 
 async def _running(gateway: Any) -> int:
     return int(gateway.pruner.running)
+
+
+async def test_limit_rows_that_no_longer_limit_anything_go(store: Store) -> None:
+    """Minutes of usage past the budgets' hour go; a user's bucket goes once it has refilled to full (a missing
+    bucket is a full one), a draining one stays; without the limits (the CLI) buckets are left alone."""
+    now = time.time()
+    minute = int(now // 60)
+    await store.db.write(lambda conn: conn.execute(user_usage_t.insert(), [
+        {"user_key": "u:old", "minute": minute - 61, "model_calls": 1, "tokens": 10},
+        {"user_key": "u:now", "minute": minute - 5, "model_calls": 1, "tokens": 10}]))
+    limits = LimitsSettings(user_messages_per_minute=6, user_burst=10)  # 0.1 token a second
+    await store.db.write(lambda conn: conn.execute(user_rate_limits_t.insert(), [
+        {"user_key": "u:full", "tokens": 4, "refilled_at": now - 61},  # 4 + 6.1 >= 10
+        {"user_key": "u:draining", "tokens": 4, "refilled_at": now - 59}]))  # 4 + 5.9 < 10
+    cli = await prune(store, RULES, now=now, pause=0)
+    assert cli.rows["limits"] == 1 and await _count(store, user_rate_limits_t) == 2
+    gateway = await prune(store, RULES, now=now, pause=0, limits=limits)
+    assert gateway.rows["limits"] == 1
+    assert [r.user_key for r in await store.db.read(lambda c: c.execute(sa.select(user_usage_t)).all())] == ["u:now"]
+    kept = await store.db.read(lambda c: c.execute(sa.select(user_rate_limits_t.c.user_key)).scalars().all())
+    assert kept == ["u:draining"]

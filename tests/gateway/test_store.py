@@ -277,7 +277,7 @@ async def test_a_version_2_database_gets_the_runs_ended_by_column(store_url: str
         run = await upgraded.get_run(run_id)
         assert (run.status, run.ended_by, run.to_dict()["ended_by"]) == ("completed", "length", "length")
         version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
-        assert version == str(SCHEMA_VERSION) == "6"
+        assert version == str(SCHEMA_VERSION)
     finally:
         await upgraded.close()
 
@@ -306,6 +306,6 @@ async def test_a_version_4_database_gets_the_conversation_tables(store_url: str)
         await settings.set_home("telegram:1", HomeChannel("slack", "C1", "171.2"))
         assert await settings.home("telegram:1") == HomeChannel("slack", "C1", "171.2")
         version = await upgraded.db.read(lambda conn: conn.execute(sa.select(meta_t.c.value)).scalar_one())
-        assert version == str(SCHEMA_VERSION) == "6"
+        assert version == str(SCHEMA_VERSION)
     finally:
         await upgraded.close()
