@@ -14,6 +14,7 @@ import model_tools
 from gateway import tokens
 from gateway.adapters import build_adapters, receives_on
 from gateway.agent import Agent, build_client, load_sdk_modules
+from gateway.api import api_routes
 from gateway.config import Config
 from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.cron import CronService, StoreCronBackend
@@ -167,6 +168,8 @@ class Gateway:
         set_cron_backend(StoreCronBackend(self.cron, asyncio.get_running_loop()))
         if not self.local:
             self.http = HttpServer(cfg.http, self.metrics, self.store, self._readiness, self._summary)
+            if cfg.http.api.enabled:
+                self.http.add_routes(api_routes(cfg, self.store, self.router))
             for adapter in self.adapters.values():
                 routes = getattr(adapter, "http_routes", None)
                 if routes is not None:

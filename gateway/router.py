@@ -192,6 +192,24 @@ class Router:
         self.metrics.events.labels(event.platform, "duplicate" if acc.duplicate else "accepted").inc()
         return Accepted(acc.run_id, acc.duplicate)
 
+    async def accept_api(self, event: MessageEvent, session: str, toolsets: list[str], target: Target | None,
+                         history: bool) -> Acceptance:
+        """Accept a run asked for over the HTTP API (gateway/api; ``event.chat_id`` names the client) and start it;
+        a repeated dedupe key returns the first acceptance. ``history``: ``session`` is a stored conversation."""
+        if self.closing:
+            raise GatewayClosing("the gateway is shutting down; try again later")
+        run_id = uuid.uuid4().hex
+        deliver_to = target and f"{target.platform}:{target.chat_id}"
+        run = NewRun(run_id, "api", event.chat_id, toolsets, event.text, deliver_to)
+        payload = {"event": event.to_dict(), "kind": run.kind, "source": run.source, "toolsets": toolsets,
+                   "target": target.to_dict() if target else None, "history": history}
+        acc = await self.store.accept(event.dedupe_key, event.platform, run.kind, session, payload, run)
+        if not acc.duplicate:
+            await self._dispatch(RunJob(acc.inbox_id, run_id, run.kind, run.source, session, event, toolsets, target,
+                                        history))
+        self.metrics.events.labels(event.platform, "duplicate" if acc.duplicate else "accepted").inc()
+        return acc
+
     async def _notify(self, event: MessageEvent, kind: str, text: str) -> None:
         """Send a gateway notice to the event's chat (not part of any run)."""
         stored = await self.store.enqueue([OutboxPart(f"{kind}:{event.dedupe_key}", event.platform, event.chat_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from gateway.metrics import Metrics
 from gateway.model_errors import ModelError
 from gateway.outbox import OutboxSender
 from gateway.reactions import Reactions
+from gateway.run_events import run_events
 from gateway.session import chat_session_of
 from gateway.session_reset import ResetPolicy
 from gateway.session_settings import SessionSettings, SettingsStore
@@ -302,6 +304,8 @@ class RunExecutor:
         if context is None:
             logger.info("run %s already finished; not running it again", job.run_id)
             return
+        if job.kind == "api" and not job.history:  # a stateless API request brings its conversation (gateway/api)
+            context.history = [ChatMessage(**m) for m in json.loads(e.metadata.get("history", "[]"))]
         # A chat's choices (/model, /verbose) hold for its runs and its background tasks.
         chosen = (await self.settings.session(chat_session_of(job.session_key)) if job.kind in ("chat", "background")
                   else SessionSettings())
@@ -317,6 +321,7 @@ class RunExecutor:
         typing = (asyncio.create_task(self._typing(adapter, job.target))
                   if adapter is not None and job.kind == "chat" else None)
         self.reactions.working(job.kind, job.target)
+        events = run_events.open(job.run_id, job.kind)
         done = RunCompletion(job.run_id, job.inbox_id, status="completed", session_key=job.session_key,
                              epoch=context.epoch)
         budget: RunBudget | None = None
@@ -340,9 +345,9 @@ class RunExecutor:
                 usage = done.usage = RunUsage(job.kind, None if job.kind == "webhook" else tool_ctx["user_key"], model)
                 messages, history = await self._messages(job, context, tool_ctx["user_key"], budget, model)
                 usage.add(history.prompt_tokens, history.tokens - history.prompt_tokens)
-                outcome = await self.agent.run(messages, plan, tool_ctx, on_text=preview.update if preview else None,
-                                               cancel=cancel, budget=budget, model=model, usage=usage,
-                                               steer=self._steer(job))
+                on_text = preview.update if preview else events.text if job.kind == "api" else None
+                outcome = await self.agent.run(messages, plan, tool_ctx, on_text=on_text, cancel=cancel,
+                                               budget=budget, model=model, usage=usage, steer=self._steer(job))
                 await self._record_usage(job, context, outcome.prompt_tokens)
                 # The answer is delivered and the transcript stored (and shown to the model again): neither may
                 # carry a secret the model (or the user) echoed, plain or encoded.
@@ -394,6 +399,7 @@ class RunExecutor:
             done.deliveries = await asyncio.to_thread(parts) if len(text) > LONG_ANSWER else parts()
         done.charge = budget.user_charge() if budget is not None else None
         stored = await self.store.finish_run(done, self.outbox.claim)
+        run_events.finish(job.run_id, done.status, done.result)
         if stored is not None:
             self.outbox.submit(stored)
             self.metrics.runs.labels(job.kind, done.status).inc()

@@ -32,9 +32,12 @@ from gateway.config.base import (
     _empty_to_none,
     _resolve_path,
     _Section,
+    _StrOrList,
+    _unknown_toolsets,
 )
 from gateway.config.discovery import gateway_home
 from gateway.config.errors import _invalid, _Problem, _raise_if, _suggest
+from gateway.config.platforms import _check_deliver_to
 
 _MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
@@ -111,6 +114,48 @@ class ModelSettings(_Section):
         return settings.model_copy(update={"system_prompt": text})
 
 
+_API_CLIENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _check_api_client_name(name: str) -> str:
+    if not _API_CLIENT_NAME.fullmatch(name):
+        raise _invalid("invalid client name", "use 1-64 letters, digits, '_' or '-'")
+    return name
+
+
+class ApiClient(_Section):
+    """A program allowed to use the HTTP API (gateway/api): its key, the tools its runs get, where they may
+    deliver (``none`` always), how many of its runs may go on at once, and the model name it is shown."""
+
+    key: SecretStr = Field(min_length=16)
+    toolset: _StrOrList = "hermes-webhook"
+    deliver_to: list[Annotated[str, AfterValidator(_check_deliver_to)]] = Field(default_factory=list)
+    max_concurrent_runs: int = Field(4, ge=1)
+    model_alias: str | None = Field(None, min_length=1)
+
+    @field_validator("toolset")
+    @classmethod
+    def _known_toolsets(cls, value: str | list[str]) -> str | list[str]:
+        _raise_if(_unknown_toolsets(value, plugins=True))
+        return value
+
+
+class ApiSettings(_Section):
+    """``http.api``: the OpenAI-compatible endpoint and the runs API under ``/v1``."""
+
+    enabled: bool = False
+    clients: dict[Annotated[str, AfterValidator(_check_api_client_name)], ApiClient] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _distinct_keys(self) -> Self:
+        seen: dict[str, str] = {}
+        for name, client in self.clients.items():
+            if (other := seen.setdefault(client.key.get_secret_value(), name)) != name:
+                raise _invalid(f"same key as client {other!r}", "give every client its own key",
+                               ("clients", name, "key"))
+        return self
+
+
 class HttpSettings(_Section):
     """The one HTTP server (health, metrics, webhooks, run lookups)."""
 
@@ -125,6 +170,7 @@ class HttpSettings(_Section):
     max_connections: int = Field(512, ge=1)
     per_ip_burst: int = Field(200, ge=0)
     per_ip_rate: float = Field(2.0, gt=0)
+    api: ApiSettings = Field(default_factory=ApiSettings)
 
 
 class GatewaySettings(_Section):
