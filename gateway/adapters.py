@@ -11,6 +11,7 @@ from typing import Literal
 from gateway.config import Config, DiscordPlatform, SlackPlatform, TelegramPlatform
 from platforms.base import BasePlatformAdapter
 from platforms.callback import CallbackAdapter, CallbackTarget
+from platforms.forge import ForgeSettings, GitHubAdapter, GitLabAdapter
 from platforms.webhook import WebhookAdapter, WebhookRoute
 
 
@@ -76,6 +77,11 @@ def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:
         adapters["callback"] = CallbackAdapter({
             name: CallbackTarget(t.url, t.secret.get_secret_value(), t.timeout)
             for name, t in cfg.platforms.callback.targets.items()})
+    for forge, adapter in (("github", GitHubAdapter), ("gitlab", GitLabAdapter)):
+        settings = getattr(cfg.platforms, forge)
+        if settings.token is not None:
+            adapters[forge] = adapter(ForgeSettings(settings.token.get_secret_value(), settings.api_base_url,
+                                                    settings.timeout))
     return adapters
 
 

@@ -46,6 +46,7 @@ from gateway.session_summary import PreparedHistory
 from gateway.steering import SteerBox, Steered
 from gateway.store import Acceptance, InboxRow, NewRun, OutboxPart, Store, accept_event
 from platforms.base import Accepted, BasePlatformAdapter, GatewayClosing, MessageEvent, SessionSource, split_message
+from platforms.forge import FORGES
 from toolsets import toolset_for_platform
 
 logger = logging.getLogger(__name__)
@@ -66,10 +67,14 @@ def _format_uptime(seconds: float) -> str:
     return f"{days}d {hours}h {minutes}m" if days else f"{hours}h {minutes}m {secs}s"
 
 
-def parse_target(spec: str) -> Target | None:
-    """``platform:chat[:thread]`` -> Target; ``none`` -> None."""
+def parse_target(spec: str, source: str | None = None) -> Target | None:
+    """``platform:chat[:thread]`` -> Target; ``none`` -> None; ``github`` / ``gitlab`` -> the issue or pull request
+    named by ``source`` (``<forge>:<chat id>``, bound from the webhook's payload), None when it names none there."""
     if spec == "none":
         return None
+    if spec in FORGES:
+        forge, _, thread = (source or "").partition(":")
+        return Target(spec, thread) if forge == spec and thread else None
     platform, _, rest = spec.partition(":")
     if platform == "callback":
         return Target(platform, rest)
@@ -118,7 +123,10 @@ class Router:
         if event.platform == "webhook":
             route = self.cfg.platforms.webhook.routes[event.chat_id]
             toolsets = [route.toolset] if isinstance(route.toolset, str) else list(route.toolset)
-            target = parse_target(route.deliver_to)
+            target = parse_target(route.deliver_to, event.metadata.get("source"))
+            if target is None and route.deliver_to in FORGES:
+                logger.warning("webhook %s: the payload names no %s issue or pull request to answer on; the answer "
+                               "is not delivered", event.chat_id, route.deliver_to)
             kind, source, history = "webhook", event.chat_id, False
         elif event.platform == "cron":  # a scheduled job's fire (gateway/cron.py): fresh context, origin chat
             toolsets = toolset_for_platform("cron", self.cfg.toolsets)

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from platforms.base import AdapterState, BasePlatformAdapter, GatewayClosing, MessageEvent, OnMessage, SendResult
+from platforms.forge import source_thread
 from platforms.github_events import payload_fits
 from platforms.webhook_signatures import DEFAULT_REPLAY_WINDOW, SignatureError, verify
 
@@ -255,7 +256,8 @@ class WebhookAdapter(BasePlatformAdapter):
             platform="webhook", event_id=f"{route.name}:{delivery.key}", chat_id=route.name, chat_type="channel",
             user_id=f"webhook:{route.name}", user_name=route.name,
             text=render_prompt(route.prompt, payload, name, route.name),
-            metadata={"route": route.name, "event": name, "delivery_id": delivery_id})
+            metadata={"route": route.name, "event": name, "delivery_id": delivery_id,
+                      **({"source": source} if (source := source_thread(payload)) else {})})
         try:
             accepted = await on_message(event)
         except GatewayClosing:

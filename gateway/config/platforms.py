@@ -34,6 +34,7 @@ from gateway.config.base import (
 )
 from gateway.config.discovery import gateway_home
 from gateway.config.errors import _invalid, _Problem, _raise_if
+from platforms.forge import FORGES
 from platforms.reaction_rules import reaction_problem
 from platforms.webhook_signatures import DEFAULT_REPLAY_WINDOW, standard_webhooks_key
 
@@ -51,10 +52,11 @@ def _check_route_name(name: str) -> str:
 
 
 def _check_deliver_to(value: str) -> str:
-    if value == "none":
+    if value == "none" or value in FORGES:  # github, gitlab: the issue or pull request of the payload
         return value
     parts = value.split(":")
-    hint = f"write none or <platform>:<chat_id>[:<thread_id>], platform one of {', '.join(_DELIVERY_PLATFORMS)}"
+    hint = (f"write none, github, gitlab or <platform>:<chat_id>[:<thread_id>], platform one of "
+            f"{', '.join(_DELIVERY_PLATFORMS)}")
     if len(parts) not in (2, 3) or not all(parts):
         raise _invalid(f"invalid delivery target {value!r}", hint)
     if parts[0] not in _DELIVERY_PLATFORMS:
@@ -133,9 +135,12 @@ class WebhookRoute(_Section):
 
     @property
     def delivery(self) -> tuple[str, str, str | None] | None:
-        """``deliver_to`` parsed as (platform, chat_id, thread_id), or None for ``none``."""
+        """``deliver_to`` parsed as (platform, chat_id, thread_id), or None for ``none``; github and gitlab have
+        no chat id here (the payload names the issue or pull request)."""
         if self.deliver_to == "none":
             return None
+        if self.deliver_to in FORGES:
+            return self.deliver_to, "", None
         parts = self.deliver_to.split(":")
         return parts[0], parts[1], parts[2] if len(parts) == 3 else None
 
@@ -497,6 +502,30 @@ class DiscordPlatform(ChatPlatform):
         return self if shards is None else self.model_copy(update={"shard_ids": shards})
 
 
+class ForgePlatform(_Section):
+    """Comments on the issue or pull (merge) request a webhook came from: ``deliver_to: github|gitlab``."""
+
+    token: Annotated[SecretStr | None, BeforeValidator(_empty_to_none)] = None
+    timeout: float = Field(10.0, gt=0)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether comments can be posted (a token is set)."""
+        return self.token is not None
+
+
+class GitHubPlatform(ForgePlatform):
+    """GitHub REST (api.github.com, or GitHub Enterprise's ``https://HOST/api/v3``)."""
+
+    api_base_url: Annotated[str, AfterValidator(_check_http_url)] = "https://api.github.com"
+
+
+class GitLabPlatform(ForgePlatform):
+    """GitLab REST v4 (gitlab.com, or a self-hosted ``https://HOST/api/v4``)."""
+
+    api_base_url: Annotated[str, AfterValidator(_check_http_url)] = "https://gitlab.com/api/v4"
+
+
 class Platforms(_Section):
     """Per-platform settings."""
 
@@ -505,6 +534,20 @@ class Platforms(_Section):
     slack: SlackPlatform = Field(default_factory=SlackPlatform)
     webhook: WebhookPlatform = Field(default_factory=WebhookPlatform)
     callback: CallbackPlatform = Field(default_factory=CallbackPlatform)
+    github: GitHubPlatform = Field(default_factory=GitHubPlatform)
+    gitlab: GitLabPlatform = Field(default_factory=GitLabPlatform)
+
+    @model_validator(mode="after")
+    def _forge_tokens_set(self) -> Self:
+        _raise_if([
+            _Problem((route.deliver_to, "token"), f"required: route {name!r} delivers to {route.deliver_to}",
+                     f"set a token that may comment on issues and pull requests, or change "
+                     f"platforms.webhook.routes.{name}.deliver_to")
+            for name, route in self.webhook.routes.items()
+            if route.deliver_to in FORGES and not getattr(self, route.deliver_to).enabled
+        ])
+        return self
+
 
     @model_validator(mode="after")
     def _callback_targets_exist(self) -> Self:
