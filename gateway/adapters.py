@@ -67,8 +67,8 @@ def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:
     wh = cfg.platforms.webhook
     if wh.enabled and wh.routes:
         adapters["webhook"] = WebhookAdapter({
-            name: WebhookRoute(name=name, secrets=tuple(r.secrets()), scheme=r.scheme, prompt=r.prompt,
-                               events=tuple(r.events), event_field=r.event_field,
+            name: WebhookRoute(name=name, secrets=tuple(r.secrets()), scheme=r.scheme, prompt=r.text_template,
+                               mode=r.mode, events=tuple(r.events), event_field=r.event_field,
                                rate_limit_per_minute=r.rate_limit_per_minute, max_body_bytes=r.max_body_bytes,
                                tolerance_seconds=r.tolerance_seconds, replay_window_seconds=r.replay_window_seconds,
                                allow_unsigned_id=r.allow_unsigned_id)

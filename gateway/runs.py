@@ -306,6 +306,9 @@ class RunExecutor:
             return
         if job.kind == "api" and not job.history:  # a stateless API request brings its conversation (gateway/api)
             context.history = [ChatMessage(**m) for m in json.loads(e.metadata.get("history", "[]"))]
+        if job.kind == "webhook" and e.metadata.get("mode") == "deliver":
+            await self._relay(job, context)
+            return
         # A chat's choices (/model, /verbose) hold for its runs and its background tasks.
         chosen = (await self.settings.session(chat_session_of(job.session_key)) if job.kind in ("chat", "background")
                   else SessionSettings())
@@ -408,6 +411,18 @@ class RunExecutor:
                 await self.cron_hook.run_finished(job, done, deliver)
             for message_job in [job, *(steered_job for _, steered_job in taken)]:
                 await self.reactions.finished(message_job.kind, message_job.target, done.status)
+
+    async def _relay(self, job: RunJob, context: RunContext) -> None:
+        """A ``mode: deliver`` webhook route: its rendered template is the run's result, delivered through the
+        outbox with the run's completion; no model call."""
+        text = job.event.text
+        done = RunCompletion(job.run_id, job.inbox_id, status="completed", result=text, session_key=job.session_key,
+                             epoch=context.epoch, ended_by="delivered",
+                             deliveries=self._parts(job, text, None) if job.target is not None else [])
+        stored = await self.store.finish_run(done, self.outbox.claim)
+        if stored is not None:
+            self.outbox.submit(stored)
+            self.metrics.runs.labels(job.kind, done.status).inc()
 
     def _steer(self, job: RunJob) -> TakeSteered | None:
         """For the agent loop: the texts of messages steered into the run since its last model call, each message's

@@ -1,10 +1,12 @@
 """Generic signed webhooks: ``POST /webhooks/{route}`` turns a verified JSON payload into an event.
 
 Order of checks: route known (404), body size (413, before any hashing), signature
-(401), rate limit (429, so forged requests cannot spend a route's budget), JSON (400),
-event filter (200, ignored), then for an event the filter admits, GitHub's unsigned event
-header against the payload's shape (400). Only then is the event offered to the gateway; the
-response is 202 with the run id once it is durably accepted (200 for a repeat).
+(401; 400 for a header the scheme needs missing from an authenticated request), rate limit
+(429, so forged requests cannot spend a route's budget), JSON (400; a form-encoded body's
+``payload`` field), event filter (200, ignored), then for an event the filter admits, GitHub's
+unsigned event header against the payload's shape (400). Every 400 names the field at fault.
+Only then is the event offered to the gateway; the response is 202 with the run id once it is
+durably accepted (200 for a repeat).
 Before any of these, the HTTP server answers 429 to an address whose failed requests
 have used up its bucket, and bounds how long the body may take (gateway/http_limits.py).
 """
@@ -15,16 +17,17 @@ import json
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
 from platforms.base import AdapterState, BasePlatformAdapter, GatewayClosing, MessageEvent, OnMessage, SendResult
 from platforms.forge import source_thread
 from platforms.github_events import payload_fits
-from platforms.webhook_signatures import DEFAULT_REPLAY_WINDOW, SignatureError, verify
+from platforms.webhook_signatures import DEFAULT_REPLAY_WINDOW, MalformedDelivery, SignatureError, verify
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,8 @@ class WebhookRoute:
     secrets: tuple[str, ...]
     scheme: str
     prompt: str
+    """The prompt template (``mode`` agent) or the message template (``mode`` deliver)."""
+    mode: Literal["agent", "deliver"] = "agent"
     events: tuple[str, ...] = ()
     event_field: str = "type"
     rate_limit_per_minute: int = 60
@@ -76,23 +81,27 @@ def _defang(text: str) -> str:
     return text.replace("<<<", "‹‹‹").replace(">>>", "›››")
 
 
-def render_prompt(template: str, payload: Any, event: str, route: str) -> str:
-    """Fill ``{payload.dot.path}``, ``{event}`` and ``{route}``; missing keys render empty.
-
-    The whole payload follows, fenced and labelled as untrusted data.
-    """
+def render_template(template: str, payload: Any, event: str, route: str, clean: Callable[[str], str] = str) -> str:
+    """Fill ``{payload.dot.path}``, ``{event}`` and ``{route}``; missing keys render empty; `clean` is applied to
+    every sender-controlled value."""
     def fill(match: re.Match[str]) -> str:
         key = match.group(1)
         if key == "event":
-            return _defang(event)
+            return clean(event)
         if key == "route":
             return route
-        return _defang(_as_text(_lookup(payload, key.split(".")[1:])))
+        return clean(_as_text(_lookup(payload, key.split(".")[1:])))
 
+    return _PLACEHOLDER.sub(fill, template)
+
+
+def render_prompt(template: str, payload: Any, event: str, route: str) -> str:
+    """The filled template, then the whole payload, fenced and labelled as untrusted data."""
     body = json.dumps(payload, ensure_ascii=False, indent=1)
     if len(body) > PAYLOAD_PROMPT_CHARS:
         body = body[:PAYLOAD_PROMPT_CHARS] + "\n[... payload truncated]"
-    return f"{_PLACEHOLDER.sub(fill, template)}\n\n{UNTRUSTED_OPEN}\n{_defang(body)}\n{UNTRUSTED_CLOSE}"
+    filled = render_template(template, payload, event, route, _defang)
+    return f"{filled}\n\n{UNTRUSTED_OPEN}\n{_defang(body)}\n{UNTRUSTED_CLOSE}"
 
 
 def _parse_payload(body: bytes) -> Any:
@@ -105,6 +114,42 @@ def _parse_payload(body: bytes) -> Any:
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
     return payload
+
+
+class BadInput(ValueError):
+    """A body the route cannot read; `field` names the part at fault."""
+
+    def __init__(self, reason: str, field: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
+
+
+def _is_form(content_type: str) -> bool:
+    return content_type.partition(";")[0].strip().lower() == "application/x-www-form-urlencoded"
+
+
+def read_payload(body: bytes, content_type: str) -> Any:
+    """The JSON payload of a body: the body itself, or a form-encoded body's one ``payload`` field (GitHub's
+    default content type); BadInput otherwise."""
+    if not _is_form(content_type):
+        try:
+            return _parse_payload(body)
+        except ValueError:
+            raise BadInput("body is not valid UTF-8 JSON", "body") from None
+    try:
+        fields = urllib.parse.parse_qs(body.decode("ascii"), keep_blank_values=True, strict_parsing=bool(body),
+                                       encoding="utf-8", errors="strict", max_num_fields=100)
+    except ValueError:  # UnicodeError included: non-ASCII body or percent-escapes that are not UTF-8
+        raise BadInput("form body is not valid URL-encoded UTF-8", "body") from None
+    values = fields.get("payload", [])
+    if len(values) != 1:
+        raise BadInput("form body must carry exactly one payload field" if values else
+                       "form body has no payload field", "payload")
+    try:
+        return _parse_payload(values[0].encode("utf-8"))
+    except ValueError:
+        raise BadInput("form field payload is not valid JSON", "payload") from None
 
 
 def _is_utf8(*values: str) -> bool:
@@ -123,6 +168,8 @@ def event_name(route: WebhookRoute, headers: Mapping[str, str], payload: Any) ->
         name = headers.get("X-GitHub-Event", "")
         action = payload.get("action") if isinstance(payload, Mapping) else None
         return f"{name}.{action}" if name and isinstance(action, str) else name
+    if route.scheme == "gitlab":
+        return headers.get("X-Gitlab-Event", "")
     return _as_text(_lookup(payload, route.event_field.split(".")))
 
 
@@ -161,8 +208,9 @@ class _Bucket:
         return (1 - self.tokens) * 60 / self.capacity
 
 
-def _error(status: int, message: str, **headers: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers or None)
+def _error(status: int, message: str, *, field: str | None = None, **headers: str) -> web.Response:
+    body = {"error": message} if field is None else {"error": message, "field": field}
+    return web.json_response(body, status=status, headers=headers or None)
 
 
 class WebhookAdapter(BasePlatformAdapter):
@@ -232,15 +280,18 @@ class WebhookAdapter(BasePlatformAdapter):
             logger.info("webhook %s: rejected signature (%s)", route.name, exc.reason)
             self._rejected("bad_signature")
             return _error(401, f"invalid signature: {exc.reason}")
+        except MalformedDelivery as exc:
+            self._rejected("bad_header")
+            return _error(400, exc.reason, field=exc.field)
         wait = self._buckets.setdefault(route.name, _Bucket(route.rate_limit_per_minute, now)).take(now)
         if wait:
             self._rejected("rate_limited")
             return _error(429, "rate limit exceeded for this route", **{"Retry-After": str(max(1, round(wait)))})
         try:
-            payload = _parse_payload(body)
-        except ValueError:
+            payload = read_payload(body, request.headers.get("Content-Type", ""))
+        except BadInput as exc:
             self._rejected("bad_json")
-            return _error(400, "body is not valid UTF-8 JSON")
+            return _error(400, exc.reason, field=exc.field)
         name = event_name(route, request.headers, payload)
         delivery_id = delivery.id
         if not _is_utf8(delivery_id, name):
@@ -251,12 +302,13 @@ class WebhookAdapter(BasePlatformAdapter):
             return web.json_response({"ignored": True, "event": name}, status=200)
         if event_forged(route, request.headers, payload):
             self._rejected("event_mismatch")
-            return _error(400, "X-GitHub-Event does not match the payload")
+            return _error(400, "X-GitHub-Event does not match the payload", field="X-GitHub-Event")
+        deliver = route.mode == "deliver"
         event = MessageEvent(
             platform="webhook", event_id=f"{route.name}:{delivery.key}", chat_id=route.name, chat_type="channel",
             user_id=f"webhook:{route.name}", user_name=route.name,
-            text=render_prompt(route.prompt, payload, name, route.name),
-            metadata={"route": route.name, "event": name, "delivery_id": delivery_id,
+            text=(render_template if deliver else render_prompt)(route.prompt, payload, name, route.name),
+            metadata={"route": route.name, "event": name, "delivery_id": delivery_id, "mode": route.mode,
                       **({"source": source} if (source := source_thread(payload)) else {})})
         try:
             accepted = await on_message(event)

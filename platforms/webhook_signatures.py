@@ -1,8 +1,10 @@
-"""Signature schemes for incoming webhooks: GitHub, Standard Webhooks and plain timestamped HMAC-SHA256.
+"""Authentication schemes for incoming webhooks: GitHub, Standard Webhooks (and Svix), timestamped HMAC-SHA256
+(ours and the reference gateway's V2 header) and GitLab's shared token.
 
-Each ``verify_*`` returns a `Delivery` (the sender's id and the dedupe key, which is bound to signed content) or
-raises SignatureError; each ``sign_*`` returns the headers a sender adds. Signatures cover the raw body bytes;
-comparisons are constant-time. Stdlib only.
+Each ``verify_*`` returns a `Delivery` (the sender's id and the dedupe key, which is bound to signed content, or
+for GitLab's unsigned bodies to the body itself) or raises SignatureError (401) or MalformedDelivery (400); each
+``sign_*`` returns the headers a sender adds. Signatures cover the raw body bytes; comparisons are constant-time.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ class SignatureError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class MalformedDelivery(Exception):
+    """An authenticated delivery lacks a header the scheme needs; `field` names it (a 400, not a 401)."""
+
+    def __init__(self, reason: str, field: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,21 +235,23 @@ def verify_standard_webhooks(
     allow_unsigned_id: bool = False,
 ) -> Delivery:
     """Check a Standard Webhooks delivery against any secret and any ``v1`` signature; the key is the signed
-    ``webhook-id``."""
+    ``webhook-id``. Svix's ``svix-id``, ``svix-timestamp`` and ``svix-signature`` are the same scheme under other
+    names: they are read when no ``webhook-signature`` header is present."""
     keys = [standard_webhooks_key(s) for s in _secrets(secrets)]
     h = _lower(headers)
-    msg_id = _require(h, "webhook-id")
-    timestamp = _require(h, "webhook-timestamp")
-    header = _require(h, "webhook-signature")
+    prefix = "svix-" if "webhook-signature" not in h and "svix-signature" in h else "webhook-"
+    msg_id = _require(h, prefix + "id")
+    timestamp = _require(h, prefix + "timestamp")
+    header = _require(h, prefix + "signature")
     provided: list[str] = []
     for entry in header.split():
         version, _, signature = entry.partition(",")
         if not signature:
-            raise SignatureError("malformed header webhook-signature")
+            raise SignatureError(f"malformed header {prefix}signature")
         if version == "v1":  # other versions (e.g. asymmetric v1a) are not ours to check
             provided.append(signature)
     if not provided:
-        raise SignatureError("malformed header webhook-signature")
+        raise SignatureError(f"malformed header {prefix}signature")
     _check_timestamp(timestamp, now, tolerance)
     if not _any_equal([_standard_signature(k, msg_id, timestamp, body) for k in keys], provided):
         raise SignatureError("signature mismatch")
@@ -302,6 +315,86 @@ def verify_hmac_sha256(
     raise SignatureError("signature mismatch")
 
 
+# --- the reference gateway's V2 header: HMAC-SHA256 of "<timestamp>." + body -----------------------------
+
+
+def sign_hmac_sha256_v2(
+    secret: str, body: bytes, now: float | None = None, delivery_id: str | None = None
+) -> dict[str, str]:
+    """``X-Webhook-Timestamp``, ``X-Webhook-Signature-V2`` (hex HMAC-SHA256 of ``"<timestamp>." + body``) and an
+    unsigned ``X-Request-ID``."""
+    timestamp = _timestamp(now)
+    return {
+        "X-Request-ID": delivery_id or uuid.uuid4().hex,
+        "X-Webhook-Timestamp": timestamp,
+        "X-Webhook-Signature-V2": _hex_hmac(secret, _unsigned_id_payload(timestamp, body)),
+    }
+
+
+def verify_hmac_sha256_v2(
+    secrets: str | Sequence[str],
+    body: bytes,
+    headers: Mapping[str, str],
+    now: float | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    *,
+    window: float = DEFAULT_REPLAY_WINDOW,
+    allow_unsigned_id: bool = False,
+) -> Delivery:
+    """Check ``X-Webhook-Signature-V2``, the hex HMAC-SHA256 of ``"<X-Webhook-Timestamp>." + body``.
+
+    The id (``X-Request-ID``) is not signed, so the key is the body's hash within the `tolerance`-long window its
+    signed timestamp falls in: a replay (same timestamp) dedupes under any id until it goes stale.
+    """
+    keys = _secrets(secrets)
+    h = _lower(headers)
+    header = _require(h, "X-Webhook-Signature-V2")
+    timestamp = _require(h, "X-Webhook-Timestamp")
+    provided = _hex_signature(header, "X-Webhook-Signature-V2")
+    _check_timestamp(timestamp, now, tolerance)
+    if not _any_equal([_hex_hmac(k, _unsigned_id_payload(timestamp, body)) for k in keys], [provided]):
+        raise SignatureError("signature mismatch")
+    return Delivery(h.get("x-request-id", ""), _body_key(body, int(timestamp), tolerance))
+
+
+# --- GitLab: a shared token, no signature ---------------------------------------------------------------
+
+
+def sign_gitlab(secret: str, body: bytes, now: float | None = None, delivery_id: str | None = None) -> dict[str, str]:
+    """GitLab's headers, as for a push (replace ``X-Gitlab-Event`` for other events); `body` and `now` are unused."""
+    return {"X-Gitlab-Token": secret, "X-Gitlab-Event": "Push Hook",
+            "X-Gitlab-Event-UUID": delivery_id or str(uuid.uuid4())}
+
+
+def verify_gitlab(
+    secrets: str | Sequence[str],
+    body: bytes,
+    headers: Mapping[str, str],
+    now: float | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    *,
+    window: float = DEFAULT_REPLAY_WINDOW,
+    allow_unsigned_id: bool = False,
+) -> Delivery:
+    """Check ``X-Gitlab-Token`` against the secrets; the key is ``X-Gitlab-Event-UUID`` with the body's hash.
+
+    The token is a password, not a signature: nothing binds the body, the event or the UUID to it, so anyone who
+    sees one request can send anything. The key only makes GitLab's resend of the same UUID and body a duplicate
+    (recursive hooks share a UUID with different bodies, and stay distinct).
+    """
+    keys = _secrets(secrets)
+    h = _lower(headers)
+    token = _require(h, "X-Gitlab-Token")
+    if not _any_equal(keys, [token]):
+        raise SignatureError("token mismatch")
+    for name in ("X-Gitlab-Event", "X-Gitlab-Event-UUID"):
+        if not h.get(name.lower()):
+            raise MalformedDelivery(f"missing header {name}", name)
+    event_uuid = h["x-gitlab-event-uuid"]
+    return Delivery(event_uuid, f"gitlab:{hashlib.sha256(_utf8(event_uuid)).hexdigest()}:"
+                                f"{hashlib.sha256(body).hexdigest()}")
+
+
 # --- by scheme name -------------------------------------------------------------------------------------
 
 VERIFIERS: Mapping[str, Verifier] = MappingProxyType(
@@ -309,6 +402,8 @@ VERIFIERS: Mapping[str, Verifier] = MappingProxyType(
         "github": verify_github,
         "standard-webhooks": verify_standard_webhooks,
         "hmac-sha256": verify_hmac_sha256,
+        "hmac-sha256-v2": verify_hmac_sha256_v2,
+        "gitlab": verify_gitlab,
     }
 )
 SIGNERS: Mapping[str, Signer] = MappingProxyType(
@@ -316,6 +411,8 @@ SIGNERS: Mapping[str, Signer] = MappingProxyType(
         "github": sign_github,
         "standard-webhooks": sign_standard_webhooks,
         "hmac-sha256": sign_hmac_sha256,
+        "hmac-sha256-v2": sign_hmac_sha256_v2,
+        "gitlab": sign_gitlab,
     }
 )
 SCHEMES: tuple[str, ...] = tuple(VERIFIERS)
@@ -336,7 +433,8 @@ def verify(
     window: float = DEFAULT_REPLAY_WINDOW,
     allow_unsigned_id: bool = False,
 ) -> Delivery:
-    """Verify with the named scheme; returns the Delivery or raises SignatureError (ValueError: config)."""
+    """Verify with the named scheme; returns the Delivery or raises SignatureError or MalformedDelivery
+    (ValueError: config)."""
     if scheme not in VERIFIERS:
         raise _unknown_scheme(scheme)
     return VERIFIERS[scheme](secrets, body, headers, now=now, tolerance=tolerance, window=window,

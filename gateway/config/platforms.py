@@ -85,10 +85,12 @@ class WebhookRoute(_Section):
     """One signed inbound webhook, served at ``POST /webhooks/<name>``."""
 
     secret: Annotated[SecretStr | list[SecretStr], BeforeValidator(_str_or_list)]
-    scheme: Literal["github", "standard-webhooks", "hmac-sha256"] = "github"
+    scheme: Literal["github", "standard-webhooks", "hmac-sha256", "hmac-sha256-v2", "gitlab"] = "github"
     events: list[str] = Field(default_factory=list)
     event_field: str = Field("type", min_length=1)
-    prompt: str = Field(min_length=1)
+    mode: Literal["agent", "deliver"] = "agent"
+    prompt: str | None = Field(None, min_length=1)
+    template: str | None = Field(None, min_length=1)
     toolset: _StrOrList = "hermes-webhook"
     deliver_to: Annotated[str, AfterValidator(_check_deliver_to)] = "none"
     rate_limit_per_minute: int = Field(60, ge=1)
@@ -127,6 +129,28 @@ class WebhookRoute(_Section):
                      for key, scheme in only.items() if key in self.model_fields_set and self.scheme != scheme]
         _raise_if(problems)
         return self
+
+    @model_validator(mode="after")
+    def _mode_settings(self) -> Self:
+        # An agent route needs a prompt; a deliver route a template and somewhere to send it, and runs no tools.
+        needed, unused = (("template", ("prompt", "toolset")) if self.mode == "deliver" else ("prompt", ("template",)))
+        problems = [_Problem((key,), f"not used with mode: {self.mode}", "remove it, or change the mode")
+                    for key in unused if key in self.model_fields_set]
+        if getattr(self, needed) is None:
+            problems.append(_Problem((needed,), f"required with mode: {self.mode}",
+                                     f"set {needed}, or change the mode"))
+        if self.mode == "deliver" and self.deliver_to == "none":
+            problems.append(_Problem(("deliver_to",), "required with mode: deliver",
+                                     "name a chat or callback:<target> to send the rendered template to"))
+        _raise_if(problems)
+        return self
+
+    @property
+    def text_template(self) -> str:
+        """The prompt (mode agent) or the message template (mode deliver)."""
+        text = self.template if self.mode == "deliver" else self.prompt
+        assert text is not None  # checked at load
+        return text
 
     def secrets(self) -> list[str]:
         """The accepted signing secrets, newest first (a list means key rotation)."""

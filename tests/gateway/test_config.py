@@ -28,6 +28,7 @@ EXAMPLE_ENV = {
     "OPENAI_API_KEY": "sk-example-key",
     "GITHUB_WEBHOOK_SECRET": "gh-example-secret",
     "DEPLOY_WEBHOOK_SECRET": "deploy-example-secret",
+    "GITLAB_WEBHOOK_TOKEN": "gitlab-example-token",
     "OPS_CALLBACK_SECRET": "ops-example-secret",
     "TELEGRAM_BOT_TOKEN": "123456:example-bot-token",
 }
@@ -475,6 +476,7 @@ def test_relative_workspace_resolves_against_the_config_file(tmp_path: Path) -> 
 
 _SECRETS = {"OPENAI_API_KEY": "sk-live-abc", "HERMES_API_TOKEN": "tok-xyz", "GITHUB_WEBHOOK_SECRET": "gh-1",
             "DEPLOY_WEBHOOK_SECRET": "dep-new", "DEPLOY_WEBHOOK_SECRET_PREVIOUS": "dep-old",
+            "GITLAB_WEBHOOK_TOKEN": "gl-1",
             "OPS_CALLBACK_SECRET": "ops-2", "HERMES_STORE_URL": "postgresql://hermes:pg%40pw@db/hermes",
             "TELEGRAM_BOT_TOKEN": "123456:tg-secret"}
 
@@ -506,5 +508,5 @@ def test_empty_api_token_means_none() -> None:
 def test_secret_values() -> None:
     config = load_config(EXAMPLE, _SECRETS)
     assert set(config.secret_values()) == {"sk-live-abc", "tok-xyz", "gh-1", "dep-new", "dep-old", "ops-2",
-                                           "pg%40pw", "pg@pw", "123456:tg-secret"}
+                                           "gl-1", "pg%40pw", "pg@pw", "123456:tg-secret"}
     assert default_config({}).secret_values() == []

@@ -21,8 +21,9 @@ import pytest
 from gateway.sim.model_server import rules, tool_call
 from platforms.base import AdapterState
 from platforms.webhook import UNTRUSTED_CLOSE, UNTRUSTED_OPEN
-from platforms.webhook_signatures import SCHEMES, sign
+from platforms.webhook_signatures import sign
 
+SCHEMES = ("github", "standard-webhooks", "hmac-sha256")  # the rest: tests/platforms/test_webhook_senders.py
 ROUTE = {"github": "gh", "standard-webhooks": "std", "hmac-sha256": "hmac"}
 SECRET = {
     "github": "gh-route-secret-0123456789abcdef",
@@ -182,7 +183,7 @@ async def test_every_forgery_is_401_and_stores_nothing(make_gateway, scheme: str
 async def test_signed_body_that_is_not_utf8_json_is_400(make_gateway, scheme: str, body: bytes) -> None:
     h = await make_gateway(_config())
     reply = await _post(h, ROUTE[scheme], body, _headers(scheme, body))
-    assert (reply.status, reply.body) == (400, {"error": "body is not valid UTF-8 JSON"})
+    assert (reply.status, reply.body) == (400, {"error": "body is not valid UTF-8 JSON", "field": "body"})
     await _assert_nothing_accepted(h)
 
 

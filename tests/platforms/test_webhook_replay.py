@@ -162,7 +162,8 @@ async def test_a_swapped_github_event_header_does_not_pass_the_filter(make_gatew
         200, {"ignored": True, "event": "issue_comment.created"})
     for swapped in ("issues", "issues.opened"):
         reply = await _post(h, "gh", comment, {"X-GitHub-Event": swapped, **signed})
-        assert reply == (400, {"error": "X-GitHub-Event does not match the payload"}), swapped
+        mismatch = {"error": "X-GitHub-Event does not match the payload", "field": "X-GitHub-Event"}
+        assert reply == (400, mismatch), swapped
     push = _body({"ref": "refs/heads/main", "pusher": {"name": "ana"}, "commits": []})
     assert (await _post(h, "gh", push, {"X-GitHub-Event": "issues", **sign("github", SECRET, push)}))[0] == 400
     assert await h.gateway.store.count_inbox() == 0
