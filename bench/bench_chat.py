@@ -96,8 +96,8 @@ class _Chat:
 
 
 @contextlib.asynccontextmanager
-async def _double(home: Path, model_url: str, max_runs: int) -> AsyncIterator[_Chat]:
-    gateway, chat = await start_chat_gateway(home, model_url, max_runs)
+async def _double(home: Path, model_url: str, max_runs: int, overrides: dict[str, Any]) -> AsyncIterator[_Chat]:
+    gateway, chat = await start_chat_gateway(home, model_url, max_runs, overrides)
 
     async def in_flight() -> float:
         return gateway.metrics.registry.get_sample_value("hermes_runs_in_flight", {"kind": "chat"}) or 0.0
@@ -113,14 +113,15 @@ _SIMULATORS: dict[str, Callable[[], SimulatedChat]] = {"telegram": BenchTelegram
 
 
 @contextlib.asynccontextmanager
-async def _simulated(platform: str, home: Path, model_url: str, max_runs: int) -> AsyncIterator[_Chat]:
+async def _simulated(platform: str, home: Path, model_url: str, max_runs: int,
+                     overrides: dict[str, Any]) -> AsyncIterator[_Chat]:
     """A gateway subprocess whose one chat platform is ``platform``'s real adapter on its simulator."""
     sim, sink = _SIMULATORS[platform](), BenchSink()
     await sim.start()
     await sink.start()
     home.mkdir(parents=True, exist_ok=True)
     config = write_gateway_config(home, model_url, sink.url, chats=[sim],
-                                  overrides={"gateway": {"max_concurrent_runs": max_runs}})
+                                  overrides={"gateway": {"max_concurrent_runs": max_runs}, **overrides})
     service = ServiceProcess("gateway", gateway_argv(config), home / "stderr.log")
     try:
         await service.start()
@@ -186,7 +187,7 @@ async def _in_flight(chat: _Chat, model: ScriptedModel, users: int) -> dict[str,
             "error_samples": [f"{type(f).__name__}: {f}" for f in failures[:3]], "reply": latency_ms(replies)}
 
 
-_Platform = Callable[[Path, str, int], contextlib.AbstractAsyncContextManager[_Chat]]
+_Platform = Callable[[Path, str, int, dict[str, Any]], contextlib.AbstractAsyncContextManager[_Chat]]
 _PLATFORMS: dict[str, _Platform] = {"double": _double,
                                    **{name: functools.partial(_simulated, name) for name in _SIMULATORS}}
 _WHERE = {"telegram": "Telegram adapter (python-telegram-bot, long polling) + simulator, gateway subprocess",
@@ -209,14 +210,15 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         for name in _platforms(args.platform):
             async with ScriptedModel(api_key=MODEL_KEY) as model:
                 assert model.base_url is not None
-                async with _PLATFORMS[name](home / f"fast-{name}", model.base_url, args.max_runs) as chat:
+                platform = {"platforms": {name: {"reactions": args.reactions == "on"}}} if name in _SIMULATORS else {}
+                async with _PLATFORMS[name](home / f"fast-{name}", model.base_url, args.max_runs, platform) as chat:
                     by_platform[name] = await _conversations(chat, args.users, args.messages)
             by_platform[name]["load_average_1m"] = os.getloadavg()[0]
         out["conversations_by_platform"] = by_platform
     if args.inflight_users:
         async with ScriptedModel(api_key=MODEL_KEY, latency=args.slow_latency) as model:
             assert model.base_url is not None
-            async with _PLATFORMS[args.inflight_platform](home / "slow", model.base_url, args.max_runs) as chat:
+            async with _PLATFORMS[args.inflight_platform](home / "slow", model.base_url, args.max_runs, {}) as chat:
                 out["in_flight"] = await _in_flight(chat, model, args.inflight_users)
     return out
 
@@ -263,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inflight-users", type=int, default=1500, help="users of the slow-model phase (0: skip)")
     parser.add_argument("--slow-latency", type=float, default=3.0, help="model latency of the slow phase (s)")
     parser.add_argument("--max-runs", type=int, default=2000, help="gateway.max_concurrent_runs")
+    parser.add_argument("--reactions", choices=("on", "off"), default="on",
+                        help="platforms.<p>.reactions of the simulated platforms (status reactions cost API calls)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="hermes-bench-chat-") as tmp:

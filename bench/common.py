@@ -331,11 +331,19 @@ def write_gateway_config(home: Path, model_url: str, sink_url: str, *, stream: b
     if sections:
         cfg["platforms"].update(sections)
         cfg["auth"] = {"platforms": {name: {"allow_all": True} for name in sections}}
-    for section, values in (overrides or {}).items():
-        cfg[section] = {**cfg.get(section, {}), **values}
+    cfg = _merged(cfg, overrides or {})
     path = home / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     return path
+
+
+def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra``'s keys, mappings merged key by key at every depth."""
+    out = dict(base)
+    for key, value in extra.items():
+        old = out.get(key)
+        out[key] = _merged(old, value) if isinstance(value, Mapping) and isinstance(old, Mapping) else value
+    return out
 
 
 # -- simulators ---------------------------------------------------------------------------------------

@@ -330,10 +330,10 @@ def migrate(conn: Connection) -> None:
         raise RuntimeError(f"database schema v{version} is newer than this gateway (v{SCHEMA_VERSION})")
     if revision == HEAD_REVISION and version == SCHEMA_VERSION:
         return  # the common start: nothing to do, and Alembic is not even imported
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its step-by-step INFO lines: ours says what happens
     from alembic import command  # imported only when there is something to migrate
     from alembic.config import Config
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # its step-by-step INFO lines: ours says what happens
     cfg = Config()
     cfg.set_main_option("script_location", "gateway:migrations")
     cfg.attributes["connection"] = conn

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -16,10 +17,12 @@ _DONE = ("completed", "failed", "cancelled")
 
 
 def _body(data: str | None) -> bytes:
-    """The payload: ``--data`` JSON, ``@file``, or ``-`` for stdin; a small sample when omitted."""
+    """The payload: ``--data`` JSON, ``@file``, or ``-`` for stdin; a small sample when omitted (a new issue
+    number each time: schemes that dedupe by the signed body would take a second identical sample for a replay)."""
     if data is None:
         return json.dumps({"action": "opened", "repository": {"full_name": "example/repo"},
-                           "issue": {"title": "A test delivery from hermes-gateway webhook send"}}).encode()
+                           "issue": {"number": secrets.randbelow(10**6) + 1,
+                                     "title": "A test delivery from hermes-gateway webhook send"}}).encode()
     try:
         text = sys.stdin.read() if data == "-" else Path(data[1:]).read_text(encoding="utf-8") \
             if data.startswith("@") else data

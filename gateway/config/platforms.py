@@ -243,9 +243,9 @@ class ChatPlatform(_Section):
     tool_progress: ToolProgressMode = "all"
     tool_progress_delay: float = Field(5.0, ge=0)
     tool_progress_done: ToolProgressDone = "collapse"
-    # On by default, as in the assistants people compare us with: a reaction tells at once that the message was
-    # seen (and, behind a busy run, that it waits), without a message of its own in the chat.
-    reactions: bool = True
+    # Off by default: each state is a platform API call (three per message), which tripled the gateway's CPU per
+    # Telegram message in bench_chat (17 against 6 ms) and counts against the platform's rate limits.
+    reactions: bool = False
     reaction_emoji: ReactionEmoji  # the defaults are each platform's own (``_REACTION_DEFAULTS``)
 
     _PLATFORM: ClassVar[str]
@@ -571,7 +571,6 @@ class Platforms(_Section):
             if route.deliver_to in FORGES and not getattr(self, route.deliver_to).enabled
         ])
         return self
-
 
     @model_validator(mode="after")
     def _callback_targets_exist(self) -> Self:

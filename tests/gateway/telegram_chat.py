@@ -67,7 +67,7 @@ class TelegramChat:
         cfg = base_config(self.home, self.model.base_url or "", "http://127.0.0.1:9/results")
         cfg = deep_merge(cfg, {"platforms": {"telegram": {
             "enabled": True, "token": self.sim.token, "base_url": self.sim.base_url,
-            "base_file_url": self.sim.base_file_url, "tool_progress": "off"}}})
+            "base_file_url": self.sim.base_file_url, "tool_progress": "off", "reactions": True}}})
         gateway = Gateway(parse_config(deep_merge(cfg, overrides or {}), env={"HERMES_GATEWAY_HOME": str(self.home)}))
         self.gateways.append(gateway)
         await gateway.start()

@@ -45,7 +45,8 @@ async def telegram(telegram_gateway: StartTelegramGateway) -> AsyncIterator[tupl
     async with TelegramSimulator() as sim, ScriptedModel() as model:
         async def start(*turns: Turn, **platform: Any) -> tuple[Gateway, ScriptedModel]:
             model.push(*turns)
-            return await telegram_gateway(sim, model, {"platforms": {"telegram": platform}}), model
+            overrides = {"platforms": {"telegram": {"reactions": True, **platform}}}
+            return await telegram_gateway(sim, model, overrides), model
 
         yield sim, start
 
@@ -152,7 +153,7 @@ def _slack_overrides(sim: SlackSimulator, **platform: Any) -> dict[str, Any]:
     return {
         "platforms": {"slack": {"enabled": True, "bot_token": sim.bot_token, "app_token": sim.app_token,
                                 "signing_secret": sim.signing_secret, "api_base_url": sim.base_url,
-                                "ping_interval": 0.2, **platform}},
+                                "ping_interval": 0.2, "reactions": True, **platform}},
         "auth": {"platforms": {"slack": {"allowed_users": ["U0USER1"]}}},
     }
 
@@ -227,7 +228,7 @@ async def discord_sim() -> AsyncIterator[DiscordSimulator]:
 async def _start_discord(sim: DiscordSimulator, make_gateway: Any, **platform: Any) -> Harness:
     h: Harness = await make_gateway({
         "platforms": {"discord": {"enabled": True, "token": sim.token, "api_base_url": sim.api_base_url,
-                                  "guild_ready_timeout": 0.05, **platform}},
+                                  "guild_ready_timeout": 0.05, "reactions": True, **platform}},
         "auth": {"platforms": {"discord": {"allowed_users": [str(ALICE_ID)]}}}})
     adapter = h.gateway.adapters["discord"]
     await sim.wait_for(lambda: adapter.state is AdapterState.CONNECTED)

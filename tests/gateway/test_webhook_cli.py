@@ -73,6 +73,11 @@ async def test_send_signs_with_the_routes_scheme_and_waits_for_the_run(running: 
     first, result = out.splitlines()[:2]
     assert first.startswith("run ") and first.endswith(": completed")
     assert result == "seen: Issue A test delivery from hermes-gateway webhook send (issues.opened)"
+    # A second sample is a new delivery, not a replay of the first (the GitHub scheme dedupes by the signed body).
+    code, out, err = await _cli("webhook", "send", "github", "--json", home=home)
+    assert code == 0, err
+    again = json.loads(out)
+    assert again["duplicate"] is False and again["run_id"] != first.split()[1]
 
     code, out, err = await _cli("webhook", "send", "alerts", "--data", "-", "--json", home=home,
                                 stdin=json.dumps({"type": "alert", "text": "disk full"}).encode())
