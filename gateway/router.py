@@ -44,7 +44,7 @@ from gateway.session import SessionLanes, background_session_key, session_key
 from gateway.session_settings import SettingsStore
 from gateway.session_summary import PreparedHistory
 from gateway.steering import SteerBox, Steered
-from gateway.store import Acceptance, InboxRow, NewRun, OutboxPart, Store, accept_event
+from gateway.store import Acceptance, InboxRow, NewRun, OutboxPart, Replay, RunRow, Store, accept_event
 from platforms.base import Accepted, BasePlatformAdapter, GatewayClosing, MessageEvent, SessionSource, split_message
 from platforms.forge import FORGES
 from toolsets import toolset_for_platform
@@ -65,6 +65,13 @@ def _format_uptime(seconds: float) -> str:
     hours, minutes = divmod(minutes, 60)
     days, hours = divmod(hours, 24)
     return f"{days}d {hours}h {minutes}m" if days else f"{hours}h {minutes}m {secs}s"
+
+
+def _replay_of(event: MessageEvent) -> Replay | None:
+    """A signed webhook delivery's second dedupe key (platforms/webhook_signatures.py ``Delivery.replay``)."""
+    meta = event.metadata
+    return (Replay(meta["replay_key"], float(meta["replay_at"]), float(meta["replay_window"]))
+            if "replay_key" in meta else None)
 
 
 def parse_target(spec: str, source: str | None = None) -> Target | None:
@@ -186,7 +193,7 @@ class Router:
                      if run.kind == "webhook" and self.coordinator.sole else None)
             try:
                 acc = await self.store.accept(event.dedupe_key, event.platform, run.kind, key, payload, run,
-                                              started=slots is not None)
+                                              started=slots is not None, replay=_replay_of(event))
             except BaseException:
                 if slots is not None:
                     slots.release()
@@ -508,6 +515,20 @@ class Router:
         if self._stop_here(session_key):  # it started while the inbox was read
             return True
         return await self.executor.cancel_unstarted(row.run_id, row.id, session_key, row.kind)
+
+    async def stop_run(self, run: RunRow) -> bool:
+        """Stop one run (the runs API): cancel it where it runs, or record it cancelled when it has not started.
+        Another run of its session is never stopped: here the running run's id is checked; on another replica a
+        session runs one run at a time, so a run recorded as running is the one its session's holder runs."""
+        key = run.session_key
+        if self._running.get(key) == run.id:
+            return self._stop_here(key)
+        if run.status == "running":
+            return not self.coordinator.sole and await self.coordinator.request_stop(f"session:{key}")
+        inbox_id = await self.store.inbox_of_run(key, run.id)
+        if self._running.get(key) == run.id:  # it started while the inbox was read
+            return self._stop_here(key)
+        return await self.executor.cancel_unstarted(run.id, inbox_id, key, run.kind)
 
     def _stop_here(self, session_key: str) -> bool:
         run_id = self._running.get(session_key)

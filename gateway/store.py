@@ -233,6 +233,9 @@ FINAL_RUN_STATES = ("completed", "failed", "cancelled")
 
 
 _INBOX_BY_KEY = sa.select(inbox_t.c.id, inbox_t.c.run_id).where(inbox_t.c.dedupe_key == sa.bindparam("b_key"))
+_REPLAY_MARKER = sa.select(inbox_t.c.payload).where(inbox_t.c.dedupe_key == sa.bindparam("b_key"),
+                                                    inbox_t.c.status == "pruned",
+                                                    inbox_t.c.updated_at >= sa.bindparam("b_since"))
 _INBOX_STATUS = (inbox_t.update().where(inbox_t.c.id == sa.bindparam("b_id"))
                  .values(status=sa.bindparam("b_status"), updated_at=sa.bindparam("b_now")))
 _UNFINISHED = ("pending", "running")
@@ -386,10 +389,45 @@ def _finish_run(conn: Connection, done: RunCompletion, now: float, claim: Claim 
     return _store_parts(conn, done.deliveries, now, claim, skip_existing=False)
 
 
+@dataclass(slots=True, frozen=True)
+class Replay:
+    """A second dedupe key with a window: an event is also a duplicate of the event that carried ``key`` within
+    the last ``window`` seconds (a sender whose own id is unsigned: a hash of the body it signed). The key is kept
+    as a marker row (status ``pruned``, the first event's ids as payload), renewed by each event accepted with it,
+    so the window slides; retention removes markers with the other dedupe records."""
+
+    key: str
+    at: float
+    """When the event arrived, by the clock that verified it."""
+    window: float
+
+
+REPLAY_MARKER = "replay"  # the inbox kind of a Replay's marker row
+
+
+def _replayed(conn: Connection, replay: Replay) -> Acceptance | None:
+    row = conn.execute(_REPLAY_MARKER, {"b_key": replay.key, "b_since": replay.at - replay.window}).first()
+    if row is None:
+        return None
+    first = json.loads(row.payload)
+    return Acceptance(int(first["inbox_id"]), first["run_id"], duplicate=True)
+
+
+def _mark_replay(conn: Connection, replay: Replay, acceptance: Acceptance, platform: str, session_key: str) -> None:
+    conn.execute(inbox_t.delete().where(inbox_t.c.dedupe_key == replay.key))  # a marker past its window
+    conn.execute(inbox_t.insert().values(
+        dedupe_key=replay.key, platform=platform, kind=REPLAY_MARKER, session_key=session_key, status="pruned",
+        payload=dumps({"inbox_id": acceptance.inbox_id, "run_id": acceptance.run_id}), run_id=None,
+        created_at=replay.at, updated_at=replay.at))
+
+
 def accept_event(conn: Connection, *, dedupe_key: str, platform: str, kind: str, session_key: str,
-                 payload: dict[str, Any], run: NewRun | None = None, started: bool = False) -> Acceptance:
+                 payload: dict[str, Any], run: NewRun | None = None, started: bool = False,
+                 replay: Replay | None = None) -> Acceptance:
     """``Store.accept`` as a unit of work (a command accepts a run together with its other effects)."""
     now = time.time()
+    if replay is not None and (earlier := _replayed(conn, replay)) is not None:
+        return earlier
     inserted = conn.execute(insert_ignoring_conflicts(conn.dialect.name, inbox_t, "dedupe_key"), {
         "dedupe_key": dedupe_key, "platform": platform, "kind": kind, "session_key": session_key,
         "payload": dumps(payload), "status": "running" if started else "pending", "run_id": run.id if run else None,
@@ -403,7 +441,10 @@ def accept_event(conn: Connection, *, dedupe_key: str, platform: str, kind: str,
             "status": "running" if started else "queued", "toolsets": dumps(run.toolsets),
             "prompt": run.prompt, "deliver_to": run.deliver_to, "tool_calls": "[]", "model_calls": 0,
             "attempts": int(started), "created_at": now, "started_at": now if started else None})
-    return Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
+    accepted = Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
+    if replay is not None:
+        _mark_replay(conn, replay, accepted, platform, session_key)
+    return accepted
 
 
 def bump_epoch(conn: Connection, key: str) -> int:
@@ -541,14 +582,16 @@ class Store:
     # -- inbox -----------------------------------------------------------
 
     async def accept(self, dedupe_key: str, platform: str, kind: str, session_key: str,
-                     payload: dict[str, Any], run: NewRun | None = None, *, started: bool = False) -> Acceptance:
-        """Persist an event (and its run) once; a repeated dedupe key returns the first acceptance.
+                     payload: dict[str, Any], run: NewRun | None = None, *, started: bool = False,
+                     replay: Replay | None = None) -> Acceptance:
+        """Persist an event (and its run) once; a repeated dedupe key (or ``replay``'s key within its window)
+        returns the first acceptance.
 
         ``started``: the run starts as it is accepted (as ``start_run`` would record it, for a run that needs
         no session history), which saves its caller a transaction.
         """
         event = functools.partial(accept_event, dedupe_key=dedupe_key, platform=platform, kind=kind,
-                                  session_key=session_key, payload=payload, run=run, started=started)
+                                  session_key=session_key, payload=payload, run=run, started=started, replay=replay)
         return await self.db.write(event, urgent=True, quick=True)  # the platform waits for it
 
     async def unfinished_inbox(self) -> list[InboxRow]:
@@ -572,14 +615,19 @@ class Store:
         row = await self.db.read(lambda conn: conn.execute(query).first())
         return _inbox_row(row) if row is not None else None
 
+    async def inbox_of_run(self, session_key: str, run_id: str) -> int | None:
+        """The id of the inbox event that started the run (of that session: found by the session's index)."""
+        query = sa.select(inbox_t.c.id).where(inbox_t.c.session_key == session_key, inbox_t.c.run_id == run_id)
+        return await self.db.read(lambda conn: conn.execute(query).scalar())
+
     async def set_inbox_status(self, inbox_id: int, status: str) -> None:
         """Move an inbox event to ``status``."""
         params = {"b_id": inbox_id, "b_status": status, "b_now": time.time()}
         await self.db.write(lambda conn: conn.execute(_INBOX_STATUS, params))
 
     async def count_inbox(self, status: str | None = None) -> int:
-        """Number of inbox rows (optionally with one status)."""
-        query = sa.select(sa.func.count()).select_from(inbox_t)
+        """Number of accepted events (optionally with one status; replay markers are not events)."""
+        query = sa.select(sa.func.count()).select_from(inbox_t).where(inbox_t.c.kind != REPLAY_MARKER)
         if status is not None:
             query = query.where(inbox_t.c.status == status)
         return int(await self.db.read(lambda conn: conn.execute(query).scalar_one()))

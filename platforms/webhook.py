@@ -309,6 +309,8 @@ class WebhookAdapter(BasePlatformAdapter):
             user_id=f"webhook:{route.name}", user_name=route.name,
             text=(render_template if deliver else render_prompt)(route.prompt, payload, name, route.name),
             metadata={"route": route.name, "event": name, "delivery_id": delivery_id, "mode": route.mode,
+                      **({"replay_key": f"webhook:{route.name}:{delivery.replay[0]}", "replay_at": str(now),
+                          "replay_window": str(delivery.replay[1])} if delivery.replay else {}),
                       **({"source": source} if (source := source_thread(payload)) else {})})
         try:
             accepted = await on_message(event)

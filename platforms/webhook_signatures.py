@@ -53,11 +53,14 @@ class Delivery:
 
     `id` is the sender's delivery id ("" if it sent none; unsigned for GitHub and for hmac-sha256 senders that do
     not sign it, so only for logs). `key` is what the inbox dedupes it by: a signed id, or a hash of the signed body
-    with the time window it fell in, so neither a replay under a new id nor a forged id can change it.
+    with the time window it fell in, so neither a replay under a new id nor a forged id can change it. `replay`
+    (GitHub): a hash of the signed body and a window in seconds; the delivery is also a duplicate of any delivery of
+    the same body accepted within that window before it (a sliding window: `gateway.store.Replay`).
     """
 
     id: str
     key: str
+    replay: tuple[str, float] | None = None
 
 
 class Verifier(Protocol):
@@ -172,10 +175,11 @@ def verify_github(
     window: float = DEFAULT_REPLAY_WINDOW,
     allow_unsigned_id: bool = False,
 ) -> Delivery:
-    """Check ``X-Hub-Signature-256: sha256=<hex>``; the key is the body's hash within `window` seconds of `now`.
+    """Check ``X-Hub-Signature-256: sha256=<hex>``; dedupe by the delivery id and, within `window` seconds, by the
+    body's hash.
 
-    GitHub signs neither a timestamp nor ``X-GitHub-Delivery``, so the unsigned id cannot be the key: a captured
-    request replayed under a new id, or a redelivery under its own, dedupes by its body for the rest of the window.
+    GitHub signs neither a timestamp nor ``X-GitHub-Delivery``: the id (a random GUID) catches GitHub's own
+    redeliveries however late; a captured request replayed under a new id is caught by its body, within the window.
     """
     keys = _secrets(secrets)
     h = _lower(headers)
@@ -186,7 +190,7 @@ def verify_github(
     provided = _hex_signature(header, "X-Hub-Signature-256")
     if not _any_equal([_hex_hmac(k, body) for k in keys], [provided]):
         raise SignatureError("signature mismatch")
-    return Delivery(delivery_id, _body_key(body, time.time() if now is None else now, window))
+    return Delivery(delivery_id, f"delivery:{delivery_id}", (f"body:{hashlib.sha256(body).hexdigest()}", window))
 
 
 # --- Standard Webhooks (standardwebhooks.com) -----------------------------------------------------------

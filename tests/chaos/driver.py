@@ -176,7 +176,7 @@ class Driver:
             delivery_id = f"msg_{delivery_id.replace('-', '')}"
         body = json.dumps({"token": token, "ref": "refs/heads/main"}).encode()
         secret = WEBHOOK_ROUTES[route][1]
-        # The inbox's key: the signed id, or for GitHub (which signs no id) the body within its replay window.
+        # The inbox's key as the verifier gives it (GitHub: its delivery id; replayed bodies are caught apart).
         key = verify(scheme, secret, body, sign(scheme, secret, body, delivery_id=delivery_id)).key
         inp = Input(seq, "webhook", token, f"webhook:{route}:{key}", "callback", "sink")
         self._spawn(self._post_until_accepted(inp, route, body, delivery_id, repeat=False))

@@ -136,21 +136,32 @@ async def test_github_replay_under_a_new_delivery_id_within_the_window_creates_n
         replay = {**headers, "X-GitHub-Delivery": delivery}
         assert await _post(h, "gh", body, replay) == (200, {"run_id": first["run_id"], "duplicate": True})
     assert await _runs(h) == 1
-    # another body is another delivery, whatever its id
+    # another body is another delivery
     other = _body({**ISSUE, "action": "closed"})
     status, reply = await _post(h, "gh", other, {"X-GitHub-Event": "issues", **sign("github", SECRET, other,
-                                                                                    delivery_id="d-1")})
+                                                                                    delivery_id="d-9")})
     assert (status, reply["duplicate"]) == (202, False)
 
 
-async def test_github_identical_body_runs_again_after_the_window(make_gateway) -> None:
+async def test_github_body_window_slides_and_delivery_ids_dedupe_beyond_it(make_gateway) -> None:
+    """The body's window is measured back from each delivery (no fixed slots to replay across); GitHub's own
+    redelivery of a delivery id stays a duplicate after the window."""
     h = await make_gateway(_config(gh={"scheme": "github", "replay_window_seconds": WINDOW}))
     body = _body(ISSUE)
-    _at(h, T0 + WINDOW - 1)
-    assert (await _post(h, "gh", body, {"X-GitHub-Event": "issues", **sign("github", SECRET, body)}))[0] == 202
-    _at(h, T0 + WINDOW)
-    status, reply = await _post(h, "gh", body, {"X-GitHub-Event": "issues", **sign("github", SECRET, body)})
-    assert (status, reply["duplicate"]) == (202, False)
+
+    def signed(delivery: str) -> dict[str, str]:
+        return {"X-GitHub-Event": "issues", **sign("github", SECRET, body, delivery_id=delivery)}
+
+    _at(h, T0 + WINDOW - 1)  # the end of what a fixed slot would be
+    status, first = await _post(h, "gh", body, signed("d-1"))
+    assert status == 202
+    _at(h, T0 + WINDOW + 1)  # a fixed slot would have started again here
+    assert await _post(h, "gh", body, signed("d-2")) == (200, {"run_id": first["run_id"], "duplicate": True})
+    _at(h, T0 + 2 * WINDOW)  # more than the window after the first
+    status, second = await _post(h, "gh", body, signed("d-3"))
+    assert (status, second["duplicate"]) == (202, False)
+    _at(h, T0 + 10 * WINDOW)
+    assert await _post(h, "gh", body, signed("d-1")) == (200, {"run_id": first["run_id"], "duplicate": True})
     assert await _runs(h) == 2
 
 
