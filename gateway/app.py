@@ -169,7 +169,7 @@ class Gateway:
         if not self.local:
             self.http = HttpServer(cfg.http, self.metrics, self.store, self._readiness, self._summary)
             if cfg.http.api.enabled:
-                self.http.add_routes(api_routes(cfg, self.store, self.router))
+                self.http.add_routes(api_routes(cfg, self.store, self.router, self.cron))
             for adapter in self.adapters.values():
                 routes = getattr(adapter, "http_routes", None)
                 if routes is not None:
