@@ -18,6 +18,8 @@ class ForgeSimulator(abc.ABC):
     ``hold_next_post()``: the next comment is stored and its 201 status and JSON body are written, but the chunked
     body is not ended until ``release()``, so the client has the 201 yet cannot finish reading it (the moment to
     kill it: the platform has the comment, the sender has not recorded it). ``holding`` is set at that point.
+    ``rate_limit_next(n, retry_after)``: the next ``n`` comments are refused as the forge's rate limit does (429 with
+    ``Retry-After``), nothing stored.
     """
 
     default_per_page: int = 30
@@ -30,6 +32,8 @@ class ForgeSimulator(abc.ABC):
         self.unauthorized = 0
         self.holding = asyncio.Event()
         self._hold = 0
+        self._limited = 0
+        self._retry_after = 0
         self._release = asyncio.Event()
         self._changed = asyncio.Event()
         self._next_id = 1000
@@ -59,6 +63,10 @@ class ForgeSimulator(abc.ABC):
     def release(self) -> None:
         """End the held answers."""
         self._release.set()
+
+    def rate_limit_next(self, n: int = 1, retry_after: int = 1) -> None:
+        """Refuse the next ``n`` comments with 429 and ``Retry-After: retry_after``."""
+        self._limited, self._retry_after = n, retry_after
 
     def comments(self, thread: str) -> list[dict[str, Any]]:
         """The comments on ``thread`` (the simulator's key, e.g. ``acme/rocket#7``), oldest first."""
@@ -104,6 +112,10 @@ class ForgeSimulator(abc.ABC):
         body = data.get("body") if isinstance(data, dict) else None
         if not isinstance(body, str) or not body:
             return web.json_response({"message": "body is missing"}, status=422)
+        if self._limited:
+            self._limited -= 1
+            return web.json_response({"message": "API rate limit exceeded"}, status=429,
+                                     headers={"Retry-After": str(self._retry_after)})
         self.posts += 1
         comment = self.add_comment(thread, body)
         if not self._hold:

@@ -143,6 +143,16 @@ async def test_refusals_are_not_retried_and_rate_limits_are(github: GitHubAPISim
     finally:
         await adapter.disconnect()
     assert github.comments("acme/rocket#7") == []
+    adapter = await _adapter(GitHubAdapter(ForgeSettings(GH_TOKEN, github.base_url)))
+    try:
+        github.rate_limit_next(1, retry_after=7)
+        limited = await adapter.send("acme/rocket#7", "x", metadata={"delivery_id": "run:r4:0"})
+        assert (limited.success, limited.retryable, limited.retry_after) == (False, True, 7.0)
+        assert "429" in (limited.error or "") and github.comments("acme/rocket#7") == []
+        again = await adapter.send("acme/rocket#7", "x", metadata={"delivery_id": "run:r4:0"})
+        assert again.success and len(github.comments("acme/rocket#7")) == 1
+    finally:
+        await adapter.disconnect()
 
 
 # -- the gateway as a process, killed between GitHub's 201 and recording the part as sent ---------------------------
