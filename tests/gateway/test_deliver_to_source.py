@@ -94,6 +94,25 @@ async def test_pull_request_event_answered_as_one_comment(make_gateway: GatewayF
     assert (github.posts, github.lists) == (1, 0)
 
 
+async def test_gitlab_merge_request_hook_answered_as_one_note(make_gateway: GatewayFactory,
+                                                             gitlab: GitLabAPISimulator) -> None:
+    """A GitLab webhook (scheme gitlab) whose answer goes back to its merge request as one note."""
+    h = await make_gateway({"platforms": {
+        "webhook": {"routes": {"mr": {"secret": SECRET, "scheme": "gitlab", "deliver_to": "gitlab",
+                                      "prompt": "Review {payload.object_attributes.title}"}}},
+        "gitlab": {"token": GL_TOKEN, "api_base_url": gitlab.api_url}}})
+    event = {"object_kind": "merge_request", "project": {"id": 42},
+             "object_attributes": {"iid": 3, "title": "Faster countdown"}}
+    status, body = await h.post_webhook(event, route="mr", scheme="gitlab", secret=SECRET,
+                                        headers={"X-Gitlab-Event": "Merge Request Hook"})
+    assert status == 202
+    run = await h.wait_run(body["run_id"])
+    [note] = await gitlab.wait_for_comments("42!3", 1)
+    assert note["body"] == f"{run['result']}\n\n{marker('run:' + body['run_id'] + ':0')}"
+    assert run["result"].startswith("Echo: Review Faster countdown")
+    assert gitlab.comments("42#3") == []  # the merge request's thread, not an issue's
+
+
 async def _adapter(adapter: GitHubAdapter | GitLabAdapter) -> GitHubAdapter | GitLabAdapter:
     async def ignore(_: Any) -> None:
         return None
