@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from platforms.base import AdapterState, BasePlatformAdapter, OnMessage, SendResult
+from platforms.base import SendResult
+from platforms.http_target import HttpTargetAdapter
 from platforms.webhook_signatures import sign
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ class CallbackTarget:
     timeout: float = 10.0
 
 
-class CallbackAdapter(BasePlatformAdapter):
+class CallbackAdapter(HttpTargetAdapter):
     """Delivers to HTTP endpoints named in ``platforms.callback.targets``."""
 
     name = "callback"
@@ -38,22 +39,6 @@ class CallbackAdapter(BasePlatformAdapter):
     def __init__(self, targets: Mapping[str, CallbackTarget]) -> None:
         super().__init__()
         self.targets = dict(targets)
-        self._session: aiohttp.ClientSession | None = None
-
-    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
-        """Open the HTTP client (nothing is received on this platform: `receive` only sets the flag)."""
-        self._session = aiohttp.ClientSession()
-        self._set_state(AdapterState.CONNECTED)
-        if receive:
-            await self.start_receiving()
-
-    async def disconnect(self) -> None:
-        """Close the HTTP client."""
-        await self.stop_receiving()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        self._set_state(AdapterState.DISCONNECTED)
 
     async def send(self, chat_id: str, content: str, reply_to: str | None = None,
                    metadata: Mapping[str, str] | None = None) -> SendResult:

@@ -22,7 +22,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from platforms.base import AdapterState, BasePlatformAdapter, OnMessage, SendResult
+from platforms.base import SendResult
+from platforms.http_target import HttpTargetAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class ForgeSettings:
     timeout: float = 10.0
 
 
-class _ForgeAdapter(BasePlatformAdapter):
+class _ForgeAdapter(HttpTargetAdapter):
     """Comments on a forge's threads: POST to ``_comments_url``, look up markers in its listing."""
 
     can_edit = False
@@ -103,7 +104,6 @@ class _ForgeAdapter(BasePlatformAdapter):
     def __init__(self, settings: ForgeSettings) -> None:
         super().__init__()
         self.settings = settings
-        self._session: aiohttp.ClientSession | None = None
 
     @abc.abstractmethod
     def _comments_url(self, chat_id: str) -> str | None:
@@ -113,22 +113,9 @@ class _ForgeAdapter(BasePlatformAdapter):
     def _headers(self) -> dict[str, str]:
         """Authentication and API version headers of every request."""
 
-    async def connect(self, on_message: OnMessage, *, receive: bool = True) -> None:
-        """Open the HTTP client (nothing is received here: events come in as webhooks)."""
-        self._session = aiohttp.ClientSession(
-            headers={"User-Agent": self.user_agent, **self._headers()},
-            timeout=aiohttp.ClientTimeout(total=self.settings.timeout))
-        self._set_state(AdapterState.CONNECTED)
-        if receive:
-            await self.start_receiving()
-
-    async def disconnect(self) -> None:
-        """Close the HTTP client."""
-        await self.stop_receiving()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        self._set_state(AdapterState.DISCONNECTED)
+    def _new_session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(headers={"User-Agent": self.user_agent, **self._headers()},
+                                     timeout=aiohttp.ClientTimeout(total=self.settings.timeout))
 
     async def send(self, chat_id: str, content: str, reply_to: str | None = None,
                    metadata: Mapping[str, str] | None = None) -> SendResult:
