@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from gateway.cron_store import CronStore
 from gateway.db import normalize_url
 from gateway.pairing import PairingStore
-from gateway.schema import HEAD_REVISION, SCHEMA_VERSION, current_revision, meta_t, metadata
+from gateway.schema import HEAD_REVISION, SCHEMA_VERSION, current_revision, meta_t, metadata, pairing_codes_t
 from gateway.session_settings import HomeChannel, SettingsStore
 from gateway.session_summary import SummaryStore
 from gateway.state_stores import PlatformStateStore, ToolStateStore
@@ -102,7 +102,9 @@ async def test_the_previous_releases_database_upgrades_in_place_with_its_data(st
         assert await PlatformStateStore(store).load("discord:session") == "abc"
         (job,) = await CronStore(store).list()
         assert (job.prompt, job.owner) == ("daily digest", "telegram:100")
-        assert [p.user_id for p in await PairingStore(store, 3600, 10).pending()] == ["200"]
+        issued = await store.db.read(lambda conn: conn.execute(sa.select(pairing_codes_t.c.created_at)).scalar_one())
+        pending = await PairingStore(store, 3600, 10).pending(now=issued + 60)  # as of the dump, not of today
+        assert [p.user_id for p in pending] == ["200"]
         # What the upgrade added works on the old data.
         settings = SettingsStore(store)
         await settings.set_session("telegram:dm:100", model="m", title="t")
