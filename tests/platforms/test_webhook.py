@@ -23,24 +23,27 @@ from platforms.base import AdapterState
 from platforms.webhook import UNTRUSTED_CLOSE, UNTRUSTED_OPEN
 from platforms.webhook_signatures import sign
 
-SCHEMES = ("github", "standard-webhooks", "hmac-sha256")  # the rest: tests/platforms/test_webhook_senders.py
-ROUTE = {"github": "gh", "standard-webhooks": "std", "hmac-sha256": "hmac"}
+SCHEMES = ("github", "standard-webhooks", "hmac-sha256", "hmac-sha256-v2")  # gitlab: test_webhook_senders.py
+ROUTE = {"github": "gh", "standard-webhooks": "std", "hmac-sha256": "hmac", "hmac-sha256-v2": "hmacv2"}
 SECRET = {
     "github": "gh-route-secret-0123456789abcdef",
     "standard-webhooks": "whsec_" + base64.b64encode(b"std-route-key-0123456789abcdef").decode(),
     "hmac-sha256": "hmac-route-secret-0123456789abcdef",
+    "hmac-sha256-v2": "hmacv2-route-secret-0123456789abcdef",
 }
 OLD_SECRET = {
     "github": "gh-retired-secret-fedcba9876543210",
     "standard-webhooks": "whsec_" + base64.b64encode(b"std-retired-key-fedcba9876543210").decode(),
     "hmac-sha256": "hmac-retired-secret-fedcba9876543210",
+    "hmac-sha256-v2": "hmacv2-retired-secret-fedcba9876543210",
 }
 REQUIRED_HEADERS = {
     "github": ("X-Hub-Signature-256", "X-GitHub-Delivery"),
     "standard-webhooks": ("webhook-id", "webhook-timestamp", "webhook-signature"),
     "hmac-sha256": ("X-Webhook-Signature", "X-Webhook-Timestamp"),
+    "hmac-sha256-v2": ("X-Webhook-Signature-V2", "X-Webhook-Timestamp"),
 }
-TIMED = ("standard-webhooks", "hmac-sha256")  # GitHub signs no timestamp
+TIMED = ("standard-webhooks", "hmac-sha256", "hmac-sha256-v2")  # GitHub signs no timestamp
 SKEW = 400  # seconds: beyond the default 300 s tolerance
 PROMPT = "Summarize {event} on {route}"
 PAYLOAD = {"type": "push", "ref": "refs/heads/main", "repository": {"full_name": "acme/rocket"}}
@@ -54,6 +57,7 @@ GARBAGE_SIGNATURE = {
     "standard-webhooks": {"webhook-id": "forged", "webhook-timestamp": str(int(time.time())),
                           "webhook-signature": "v1,AAAA"},
     "hmac-sha256": {"X-Webhook-Signature": "0" * 64, "X-Webhook-Timestamp": str(int(time.time()))},
+    "hmac-sha256-v2": {"X-Webhook-Signature-V2": "0" * 64, "X-Webhook-Timestamp": str(int(time.time()))},
 }
 
 schemes = pytest.mark.parametrize("scheme", SCHEMES)

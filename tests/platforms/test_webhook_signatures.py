@@ -32,10 +32,12 @@ SIGNATURE_HEADER = {
     "github": "X-Hub-Signature-256",
     "standard-webhooks": "webhook-signature",
     "hmac-sha256": "X-Webhook-Signature",
+    "hmac-sha256-v2": "X-Webhook-Signature-V2",
 }
-TIMESTAMP_HEADER = {"standard-webhooks": "webhook-timestamp", "hmac-sha256": "X-Webhook-Timestamp"}
+TIMESTAMP_HEADER = {"standard-webhooks": "webhook-timestamp", "hmac-sha256": "X-Webhook-Timestamp",
+                    "hmac-sha256-v2": "X-Webhook-Timestamp"}
 TIMED = sorted(TIMESTAMP_HEADER)
-SCHEMES = tuple(SIGNATURE_HEADER)  # the rest: tests/platforms/test_webhook_senders.py
+SCHEMES = tuple(SIGNATURE_HEADER)  # gitlab (a token, not a signature): tests/platforms/test_webhook_senders.py
 
 schemes = pytest.mark.parametrize("scheme", SCHEMES)
 
@@ -153,7 +155,8 @@ def test_any_one_byte_signature_change_fails(scheme: str, index: int, delta: int
 _HEX = "0123456789abcdefABCDEF"
 _PRINTABLE = "".join(map(chr, range(0x21, 0x7F)))  # a Standard Webhooks signature is all after "v1,"
 # Per scheme: what precedes the signature in its header, and the characters that keep the header well formed.
-_DIGEST = {"github": ("sha256=", _HEX), "hmac-sha256": ("", _HEX), "standard-webhooks": ("v1,", _PRINTABLE)}
+_DIGEST = {"github": ("sha256=", _HEX), "hmac-sha256": ("", _HEX), "hmac-sha256-v2": ("", _HEX),
+           "standard-webhooks": ("v1,", _PRINTABLE)}
 
 
 @settings(max_examples=80)
