@@ -243,4 +243,7 @@ class OutboxSender:
                 return result
             logger.info("outbox %s: edit of %s failed (%s); sending a new message", row.id, row.edit_message_id,
                         result.error)
+        if row.choices:
+            return await adapter.send_choices(row.chat_id, row.text, row.choices, reply_to=row.reply_to,
+                                              metadata=metadata)
         return await adapter.send(row.chat_id, row.text, reply_to=row.reply_to, metadata=metadata)

@@ -22,7 +22,7 @@ from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 MIGRATION_LOCK_KEY = 0x4845524D4553  # pg_advisory_xact_lock key: one migrating process at a time
 
 metadata = sa.MetaData()
@@ -122,8 +122,39 @@ outbox_t = sa.Table(
     sa.Column("claim_until", sa.Float),
     # Times a sender took the part over from one that died mid-send: the platform may already have it.
     sa.Column("in_doubt", sa.Integer, nullable=False, default=0),
+    # Buttons under the message (JSON list of platforms.base.Choice), or NULL.
+    sa.Column("choices", sa.Text),
     sa.Index("ix_outbox_status", "status", "id"),
     sa.Index("ix_outbox_lane", "lane", "status", "id"),
+)
+
+# A run paused on tool calls that need a user's yes (gateway/approvals.py): what waits, who may answer, until when.
+approvals_t = sa.Table(
+    "approvals", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("session_key", sa.String(255), nullable=False),
+    sa.Column("run_id", sa.String(64), nullable=False),
+    sa.Column("target", sa.Text, nullable=False),  # JSON Target of the chat that was asked
+    sa.Column("requester", sa.String(255), nullable=False),  # user key
+    sa.Column("calls", sa.Text, nullable=False),  # JSON: the pending tool calls and why each needs approval
+    sa.Column("status", sa.String(16), nullable=False),  # pending | approved | denied | expired
+    sa.Column("scope", sa.String(16)),  # once | session | always, when approved
+    sa.Column("decided_by", sa.String(255)),
+    sa.Column("reason", sa.Text),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("decided_at", sa.Float),
+    sa.Index("ix_approvals_session", "session_key", "status"),
+    sa.Index("ix_approvals_expiry", "status", "expires_at"),
+)
+
+# Standing approvals: a user's "session" (session_key set) or "always" (session_key '') answer to a pattern.
+approval_grants_t = sa.Table(
+    "approval_grants", metadata,
+    sa.Column("user_key", sa.String(255), primary_key=True),
+    sa.Column("session_key", sa.String(255), primary_key=True),
+    sa.Column("pattern", sa.String(255), primary_key=True),
+    sa.Column("created_at", sa.Float, nullable=False),
 )
 
 memory_t = sa.Table(

@@ -43,6 +43,7 @@ from gateway.store_rows import (
     RunUsage,
     SessionRef,
 )
+from platforms.base import Choice
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,8 @@ def _outbox_values(parts: Sequence[OutboxPart], now: float) -> list[dict[str, An
              "part_index": p.part_index, "parts_total": p.parts_total, "text": p.text, "status": "pending",
              "lane": p.lane or f"{p.platform}:{p.chat_id}",
              "attempts": 0, "next_attempt_at": now, "created_at": now, "claimed_by": None, "claim_until": None,
-             "in_doubt": 0} for p in parts]
+             "in_doubt": 0, "choices": json.dumps([c.to_dict() for c in p.choices]) if p.choices else None}
+            for p in parts]
 
 
 def _store_parts(conn: Connection, parts: Sequence[OutboxPart], now: float, claim: Claim | None,
@@ -669,4 +671,5 @@ def _run_row(r: Any) -> RunRow:
 def _outbox_row(r: Any) -> OutboxRow:
     return OutboxRow(r.id, r.dedupe_key, r.run_id, r.platform, r.chat_id, r.thread_id, r.reply_to, r.edit_message_id,
                      r.part_index, r.parts_total, r.text, r.status, r.attempts, r.next_attempt_at,
-                     r.platform_message_id, r.last_error, r.lane, r.in_doubt, r.claimed_by, r.claim_until)
+                     r.platform_message_id, r.last_error, r.lane, r.in_doubt, r.claimed_by, r.claim_until,
+                     tuple(Choice.from_dict(c) for c in json.loads(r.choices)) if r.choices else ())

@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.shared_limits import UserCharge
 from gateway.steering import Steered
+from platforms.base import Choice
 
 
 @dataclass(slots=True)
@@ -124,6 +125,8 @@ class OutboxPart:
     parts_total: int = 1
     run_id: str | None = None
     lane: str | None = None  # ordering lane; None: the chat (platform:chat_id)
+    choices: tuple[Choice, ...] = ()
+    """Buttons under the message (platforms.base.Choice)."""
 
 
 @dataclass(slots=True)
@@ -150,6 +153,7 @@ class OutboxRow:
     in_doubt: int = 0
     claimed_by: str | None = None
     claim_until: float | None = None
+    choices: tuple[Choice, ...] = ()
 
 
 @dataclass(slots=True)

@@ -162,6 +162,48 @@ class SendResult:
     retry_after: float | None = None
 
 
+MAX_CHOICES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A button under a message. Pressing it arrives as a message from the presser whose text is ``command`` (a
+    gateway command such as ``/approve once 3f2a``), or ``label`` when there is no command (a ``clarify`` answer);
+    its ``metadata["pressed_message_id"]`` names the message that carried the button."""
+
+    label: str
+    command: str | None = None
+    style: Literal["primary", "danger", "default"] = "default"
+
+    @property
+    def text(self) -> str:
+        """The message a press sends."""
+        return self.command or self.label
+
+    def to_dict(self) -> dict[str, str | None]:
+        """JSON form (stored with an outbox part)."""
+        return {"label": self.label, "command": self.command, "style": self.style}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Choice:
+        """Inverse of ``to_dict``."""
+        return cls(data["label"], data.get("command"), data.get("style", "default"))
+
+
+def choices_as_text(choices: Sequence[Choice]) -> str:
+    """Choices as lines a user can type, for platforms (or messages) without buttons."""
+    return "\n".join(f"• {c.label}: {c.command}" if c.command else f"{n}. {c.label}"
+                     for n, c in enumerate(choices, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class MenuCommand:
+    """One entry of a platform's native command menu (Telegram's command list, Discord's slash commands)."""
+
+    name: str
+    description: str
+
+
 class GatewayClosing(RuntimeError):
     """Raised by ``on_message`` during shutdown: do not acknowledge, the platform delivers again later."""
 
@@ -220,6 +262,8 @@ class BasePlatformAdapter(abc.ABC):
     can_edit: ClassVar[bool] = False
     can_delete: ClassVar[bool] = False
     can_react: ClassVar[bool] = False
+    can_buttons: ClassVar[bool] = False
+    """Whether ``send_choices`` shows real buttons (else the choices are listed as text)."""
     length_fn: ClassVar[Callable[[str], int]] = len
     ordered_per_chat: ClassVar[bool] = True
     """Whether parts to one chat id must arrive in order (False: only one run's parts, e.g. HTTP callbacks)."""
@@ -298,6 +342,18 @@ class BasePlatformAdapter(abc.ABC):
         metadata: Mapping[str, str] | None = None,
     ) -> SendResult:
         """Send one message that already fits `max_message_length`."""
+
+    async def send_choices(self, chat_id: str, content: str, choices: Sequence[Choice], reply_to: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Send one message with buttons (at most ``MAX_CHOICES``); a press comes back as a message (see ``Choice``).
+        Without buttons on the platform: the choices listed as text under ``content``. Editing such a message
+        (``edit_message``) removes its buttons."""
+        return await self.send(chat_id, f"{content}\n\n{choices_as_text(choices)}", reply_to, metadata)
+
+    async def set_commands(self, commands: Sequence[MenuCommand]) -> None:
+        """Publish the platform's native command menu (called at start with the enabled commands); default:
+        the platform has none."""
+        return None
 
     async def edit_message(
         self,

@@ -10,6 +10,7 @@ from gateway.schema import meta_t
 
 # What each version added, undone newest first (the reverse of gateway/migrations/versions).
 _UNDO: dict[int, list[str]] = {
+    8: ["DROP TABLE approvals", "DROP TABLE approval_grants", "ALTER TABLE outbox DROP COLUMN choices"],
     7: ["DROP INDEX ix_run_usage_created"],
     6: ["DROP TABLE user_rate_limits", "DROP TABLE user_usage"],
     5: ["DROP TABLE session_settings", "DROP TABLE user_settings", "DROP TABLE run_usage",
