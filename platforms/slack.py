@@ -6,8 +6,14 @@ envelope ack, or the HTTP 200) follows the inbox write. Slack's retries of one e
 ``event_id``, which is the event's dedupe key, so a retry is acknowledged but never processed twice.
 
 What is answered: mentions in channels (in a thread, so a thread is one session), direct messages,
-replies in threads the bot is taking part in, and the slash command (``/hermes new`` is ``/new``).
-Replies are converted from Markdown to Slack's mrkdwn (:func:`to_mrkdwn`).
+replies in threads the bot is taking part in, the slash command (``/hermes new`` is ``/new``) and presses of
+the Block Kit buttons ``send_choices`` posts. Replies are converted from Markdown to Slack's mrkdwn
+(:func:`to_mrkdwn`).
+
+A press is acknowledged before the gateway sees it: Slack shows the presser an error when the ack takes over
+3 seconds and never delivers an interaction again, so the press is handed to ``on_message`` after the ack
+(in a task the adapter owns) and, when the gateway cannot take it, the presser is told so through the
+interaction's ``response_url``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import asyncio
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -30,6 +36,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
+from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from platforms.base import (
     AdapterState,
@@ -37,13 +44,17 @@ from platforms.base import (
     AttachmentKind,
     BasePlatformAdapter,
     ChatType,
+    Choice,
+    GatewayClosing,
     MessageEvent,
     OnMessage,
     SendResult,
+    split_message,
 )
 from platforms.rich_text import mrkdwn_length, to_mrkdwn
 
-__all__ = ["MAX_PART_LENGTH", "SlackAdapter", "SlackSettings", "SlackStartupError", "to_mrkdwn"]
+__all__ = ["CHOICE_ACTION_PREFIX", "MAX_PART_LENGTH", "SlackAdapter", "SlackSettings", "SlackStartupError",
+           "to_mrkdwn"]
 
 logger = logging.getLogger(__name__)
 DELIVERY_EVENT = "hermes_delivery"  # message metadata type carrying the outbox delivery id
@@ -68,6 +79,17 @@ THINKING_STATUS = "is thinking…"
 # Message subtypes that are still a person writing; every other subtype (edits, deletions, joins,
 # bot_message ...) is not a new message for the assistant.
 _USER_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
+
+# Buttons of send_choices: action ids "hermes_choice_0", "hermes_choice_1" ... in one actions block.
+CHOICE_ACTION_PREFIX = "hermes_choice_"
+_CHOICES_BLOCK_ID = "hermes_choices"
+# Block Kit limits: section text, button label and button value (in characters).
+_SECTION_TEXT_LIMIT = 3000
+_BUTTON_LABEL_LIMIT = 75
+_BUTTON_VALUE_LIMIT = 2000
+_PRESS_DRAIN_TIMEOUT = 5.0  # how long disconnect waits for presses still being handed to the gateway
+RESTARTING_NOTE = "The gateway is restarting; press again in a moment."
+PRESS_FAILED_NOTE = "That press could not be taken; press again in a moment."
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +121,7 @@ class SlackAdapter(BasePlatformAdapter):
     can_edit = True
     can_delete = True
     can_react = True
+    can_buttons = True
 
     def __init__(self, settings: SlackSettings) -> None:
         super().__init__()
@@ -111,6 +134,7 @@ class SlackAdapter(BasePlatformAdapter):
         self._socket: AsyncSocketModeHandler | None = None
         self._threads: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._unavailable: dict[str, str] = {}  # method -> the error that made the adapter stop calling it
+        self._presses: set[asyncio.Task[None]] = set()  # presses acked to Slack, being handed to the gateway
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -168,8 +192,12 @@ class SlackAdapter(BasePlatformAdapter):
         await self._close_socket()
 
     async def disconnect(self) -> None:
-        """Close the socket and the HTTP session; the HTTP endpoint answers 503 from now on."""
+        """Close the socket and the HTTP session; the HTTP endpoint answers 503 from now on.
+
+        Presses already acknowledged to Slack are first given a few seconds to reach the gateway (or to tell
+        the presser it could not take them)."""
         await self.stop_receiving()
+        await self._drain_presses()
         await self._release()
         if self._state != AdapterState.FAILED:
             self._set_state(AdapterState.DISCONNECTED)
@@ -178,6 +206,15 @@ class SlackAdapter(BasePlatformAdapter):
         message = str(exc) if isinstance(exc, SlackStartupError) else f"slack: failed to start: {exc!r}"
         self._set_state(AdapterState.FAILED, message)
         return SlackStartupError(message)
+
+    async def _drain_presses(self) -> None:
+        if not self._presses:
+            return
+        _done, pending = await asyncio.wait(set(self._presses), timeout=_PRESS_DRAIN_TIMEOUT)
+        for task in pending:
+            logger.error("slack: a button press was still being handed over at shutdown; it is lost")
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _close_socket(self) -> None:
         socket, self._socket = self._socket, None
@@ -216,6 +253,7 @@ class SlackAdapter(BasePlatformAdapter):
         app.event("app_mention")(self._on_mention)
         app.event("message")(self._on_message_event)
         app.command(self.settings.slash_command)(self._on_command)
+        app.action(re.compile(f"^{CHOICE_ACTION_PREFIX}"))(self._on_press)
         # Any other subscribed event is acknowledged and dropped: bolt would answer 404, and Slack retries
         # (and eventually disables) a subscription whose deliveries fail.
         app.event(re.compile(".*"))(self._ignore)
@@ -283,13 +321,73 @@ class SlackAdapter(BasePlatformAdapter):
         channel = command["channel_id"]
         event = MessageEvent(
             platform=self.name, event_id=f"command:{command['trigger_id']}", chat_id=channel,
-            chat_type="dm" if channel.startswith("D") else "group", user_id=command["user_id"],
+            chat_type=_chat_type(channel), user_id=command["user_id"],
             user_name=command.get("user_name"), text=f"/{text}" if text else "/help",
             metadata={"team_id": command.get("team_id", ""), "command": command.get("command", "")})
         if await self._accept(event):
             await ack()  # shows nothing: the answer arrives as a normal message through the outbox
         else:
             await ack("You are not allowed to use this assistant here.")
+
+    async def _on_press(self, ack: AsyncAck, body: dict[str, Any], action: dict[str, Any]) -> None:
+        """A button of ``send_choices`` pressed: acknowledged at once, then handed over in an owned task (with
+        ``process_before_response`` bolt sends the ack only when this listener returns)."""
+        await ack()
+        event = self._press_event(body, action)
+        if event is None:
+            logger.warning("slack: a press of %s not on a message was ignored", action.get("action_id"))
+            return
+        task = asyncio.get_running_loop().create_task(self._hand_over_press(event, body.get("response_url")))
+        self._presses.add(task)
+        task.add_done_callback(self._presses.discard)
+
+    def _press_event(self, body: Mapping[str, Any], action: Mapping[str, Any]) -> MessageEvent | None:
+        """The press as a message from the presser in the chat (and thread) of the message carrying the button."""
+        container, message = body.get("container") or {}, body.get("message") or {}
+        channel = container.get("channel_id") or (body.get("channel") or {}).get("id")
+        message_ts = container.get("message_ts") or message.get("ts")
+        user = body.get("user") or {}
+        if container.get("type") != "message" or not channel or not message_ts or not user.get("id"):
+            return None
+        # A top-level message that has replies carries its own ts as thread_ts: it is not in a thread.
+        thread = message.get("thread_ts") or container.get("thread_ts")
+        return MessageEvent(
+            platform=self.name, event_id=f"press:{action.get('action_ts')}:{message_ts}:{user['id']}",
+            chat_id=channel, chat_type=_chat_type(channel), user_id=user["id"],
+            user_name=user.get("username") or user.get("name"), text=action.get("value") or "",
+            thread_id=thread if thread != message_ts else None,
+            metadata={"pressed_message_id": message_ts})
+
+    async def _hand_over_press(self, event: MessageEvent, response_url: str | None) -> None:
+        """``on_message`` for an acknowledged press; Slack will not deliver it again, so a press the gateway
+        could not take is logged and the presser told (ephemerally) to press again."""
+        try:
+            if await self._accept(event) and event.thread_id is not None:
+                self._remember_thread(event.chat_id, event.thread_id)
+            return
+        except GatewayClosing:
+            logger.warning("slack: a button press by %s in %s arrived while the gateway was closing; it is lost "
+                           "(Slack does not deliver interactions again), the presser is asked to press again",
+                           event.user_id, event.chat_id)
+            note = RESTARTING_NOTE
+        except Exception:
+            logger.exception("slack: a button press by %s in %s could not be handed to the gateway",
+                             event.user_id, event.chat_id)
+            note = PRESS_FAILED_NOTE
+        await self._respond(response_url, note)
+
+    async def _respond(self, response_url: str | None, text: str) -> None:
+        """An ephemeral note to the presser through the interaction's ``response_url``."""
+        if not response_url or self._session is None:
+            return
+        hook = AsyncWebhookClient(response_url, timeout=int(_HTTP_TIMEOUT), session=self._session)
+        try:
+            answer = await hook.send(text=text, response_type="ephemeral", replace_original=False)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            logger.warning("slack: cannot post to the response_url (%r)", exc)
+            return
+        if answer.status_code != 200:
+            logger.warning("slack: the response_url refused the note (%s %s)", answer.status_code, answer.body)
 
     async def _ignore(self) -> None:
         return None
@@ -335,10 +433,26 @@ class SlackAdapter(BasePlatformAdapter):
         The post carries the outbox delivery id as Slack message metadata; a part in doubt (its sender
         died mid-send) is first looked up by that id, so it is never shown twice.
         """
+        return await self._post(chat_id, to_mrkdwn(content), metadata)
+
+    async def send_choices(self, chat_id: str, content: str, choices: Sequence[Choice], reply_to: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """``content`` as in ``send`` (threads, delivery id, the in-doubt lookup) with a Block Kit button per
+        choice under it; a press comes back as a message (``_on_press``). A choice whose text is longer than a
+        button's value may be makes them all text instead, like every choice on a platform without buttons."""
+        if any(len(c.text) > _BUTTON_VALUE_LIMIT for c in choices):
+            return await super().send_choices(chat_id, content, choices, reply_to, metadata)
+        text = to_mrkdwn(content)
+        return await self._post(chat_id, text, metadata, _choice_blocks(text, choices))
+
+    async def _post(self, chat_id: str, text: str, metadata: Mapping[str, str] | None,
+                    blocks: list[dict[str, Any]] | None = None) -> SendResult:
+        """chat.postMessage of mrkdwn ``text`` (the notification fallback when there are ``blocks``)."""
         meta = metadata or {}
         thread, delivery = meta.get("thread_id"), meta.get("delivery_id")
-        args: dict[str, Any] = {"channel": chat_id, "text": to_mrkdwn(content), "unfurl_links": False,
-                                "unfurl_media": False}
+        args: dict[str, Any] = {"channel": chat_id, "text": text, "unfurl_links": False, "unfurl_media": False}
+        if blocks:
+            args["blocks"] = blocks
         if thread:
             args["thread_ts"] = thread
         if delivery:
@@ -376,9 +490,12 @@ class SlackAdapter(BasePlatformAdapter):
 
     async def edit_message(self, chat_id: str, message_id: str, content: str,
                            metadata: Mapping[str, str] | None = None) -> SendResult:
-        """chat.update of a message the bot posted (``message_id`` is its ``ts``)."""
+        """chat.update of a message the bot posted (``message_id`` is its ``ts``), removing any buttons.
+
+        ``blocks=[]`` is what removes them: without ``blocks`` Slack keeps the message's blocks, which are
+        shown instead of the new text."""
         return await self._call(chat_id, lambda c: c.chat_update(channel=chat_id, ts=message_id,
-                                                                 text=to_mrkdwn(content)))
+                                                                 text=to_mrkdwn(content), blocks=[]))
 
     async def delete_message(self, chat_id: str, message_id: str,
                              metadata: Mapping[str, str] | None = None) -> SendResult:
@@ -468,6 +585,28 @@ def _failure(exc: SlackApiError) -> SendResult:
             seconds = None
         return SendResult(success=False, error="slack: rate limited", retryable=True, retry_after=seconds)
     return SendResult(success=False, error=f"slack: {error}", retryable=status >= 500 or error in _RETRYABLE_ERRORS)
+
+
+def _chat_type(channel: str) -> ChatType:
+    """Direct-message channel ids start with D; everything else is a group conversation."""
+    return "dm" if channel.startswith("D") else "group"
+
+
+def _choice_blocks(text: str, choices: Sequence[Choice]) -> list[dict[str, Any]]:
+    """``text`` in section blocks (each within Slack's limit), then one button per choice in an actions block."""
+    buttons: list[dict[str, Any]] = []
+    for n, choice in enumerate(choices):
+        label = choice.label
+        if len(label) > _BUTTON_LABEL_LIMIT:
+            label = label[:_BUTTON_LABEL_LIMIT - 1] + "…"
+        button = {"type": "button", "action_id": f"{CHOICE_ACTION_PREFIX}{n}", "value": choice.text,
+                  "text": {"type": "plain_text", "text": label, "emoji": True}}
+        if choice.style != "default":
+            button["style"] = choice.style
+        buttons.append(button)
+    sections = [{"type": "section", "text": {"type": "mrkdwn", "text": part}}
+                for part in split_message(text, _SECTION_TEXT_LIMIT) if part.strip()]
+    return [*sections, {"type": "actions", "block_id": _CHOICES_BLOCK_ID, "elements": buttons}]
 
 
 def _strip_mention(text: str, bot_user_id: str) -> str:

@@ -9,8 +9,12 @@ returns a ``ws://`` URL to the simulator's Socket Mode endpoint, which says ``he
 tracks acks; an envelope whose socket dies before it is acked is redelivered (``retry_attempt`` + 1) on the
 next connection, as Slack does. With ``request_url`` set, events go instead as signed HTTP POSTs to that URL.
 
-Drivers (``user_mentions_bot``, ``user_sends_dm``, ``user_replies_in_thread``, ``user_runs_command`` ...)
-play users; readers (``calls``, ``messages``, ``envelopes``, ``http_deliveries``) show what happened;
+Messages keep their Block Kit ``blocks``; ``user_presses_button`` delivers a ``block_actions`` interaction and
+``responses`` records posts to its ``response_url`` (gateway/sim/slack_interactive.py).
+
+Drivers (``user_mentions_bot``, ``user_sends_dm``, ``user_replies_in_thread``, ``user_runs_command``,
+``user_presses_button`` ...) play users; readers (``calls``, ``messages``, ``envelopes``, ``http_deliveries``)
+show what happened;
 ``rate_limit_next`` / ``fail_next`` / ``server_error_next`` and the socket faults inject trouble.
 """
 
@@ -34,6 +38,7 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 from aiohttp import web
 
+from gateway.sim.slack_interactive import BlocksError, ResponseUrls, block_actions_payload, find_button, parse_blocks
 from platforms.reaction_rules import SLACK_EMOJI_NAME
 
 __all__ = [
@@ -119,6 +124,8 @@ class Message:
     """Message metadata posted with it (``{"event_type", "event_payload"}``)."""
     reactions: dict[str, list[str]] = field(default_factory=dict)
     """Emoji name -> the users reacting with it, in order."""
+    blocks: list[JSON] | None = None
+    """The Block Kit blocks it shows now (kept by a ``chat.update`` without ``blocks``)."""
 
     @property
     def final_text(self) -> str:
@@ -132,6 +139,8 @@ class Message:
             event["bot_id"] = self.bot_id
         if self.thread_ts:
             event["thread_ts"] = self.thread_ts
+        if self.blocks:
+            event["blocks"] = self.blocks
         return event
 
 
@@ -185,9 +194,9 @@ class HttpDelivery:
 
 @dataclass(slots=True, eq=False)
 class Delivery:
-    """One event (or slash command) and every attempt to deliver it, over Socket Mode or HTTP."""
+    """One event (slash command, interaction) and every attempt to deliver it, over Socket Mode or HTTP."""
 
-    kind: Literal["events_api", "slash_commands"]
+    kind: Literal["events_api", "slash_commands", "interactive"]
     payload: JSON
     envelopes: list[Envelope] = field(default_factory=list)
     http: list[HttpDelivery] = field(default_factory=list)
@@ -206,6 +215,12 @@ class Delivery:
     def acked(self) -> bool:
         """Whether any attempt was acknowledged."""
         return any(e.acked_t is not None for e in self.envelopes) or any(h.ok for h in self.http)
+
+    @property
+    def ack_seconds(self) -> float | None:
+        """How long the first acknowledged attempt took to be acknowledged (None: none was)."""
+        acked = [e.acked_t - e.sent_t for e in self.envelopes if e.acked_t is not None]
+        return acked[0] if acked else next((h.elapsed for h in self.http if h.ok), None)
 
     @property
     def attempts(self) -> int:
@@ -319,6 +334,8 @@ class SlackSimulator:
         """Set to an Events API URL to deliver by signed HTTP POST instead of Socket Mode."""
         self.scopes: set[str] = set(BOT_SCOPES)
         """The scopes the bot token was granted (remove one to see methods refused with missing_scope)."""
+        self.responses = ResponseUrls(self._changed)
+        """The ``response_url`` of every interaction and slash command, and what the app posted to them."""
 
         self._handlers: dict[str, Callable[[ApiCall], JSON]] = {
             "auth.test": self._auth_test,
@@ -357,6 +374,7 @@ class SlackSimulator:
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle_api)
         app.router.add_get("/link/", self._handle_socket)
+        app.router.add_post(ResponseUrls.path, self.responses.handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -636,13 +654,33 @@ class SlackSimulator:
             "channel_id": channel, "channel_name": "directmessage" if channel.startswith("D") else "general",
             "user_id": user, "user_name": user.lower(), "command": command, "text": text,
             "api_app_id": self.api_app_id, "is_enterprise_install": "false",
-            "response_url": f"http://127.0.0.1:{self.port}/commands/{next(self._seq)}",
+            "response_url": self.responses.mint(f"http://127.0.0.1:{self.port}"),
             "trigger_id": f"{next(self._seq)}.{self._ts_base}.{secrets.token_hex(16)}",
         }
         delivery = Delivery("slash_commands", payload)
         self._deliveries.append(delivery)
         await self._send(delivery, 0, "")
         return UserAction(None, [delivery])
+
+    async def user_presses_button(self, message: Message, button: str, *, user: str = DEFAULT_USER) -> UserAction:
+        """``user`` presses the button (by ``action_id`` or label) the bot's ``message`` shows now: a
+        ``block_actions`` interaction; LookupError when the message is gone or shows no such button."""
+        current = self._messages.get((message.channel, message.ts))
+        if current is None or current.user != self.bot_user_id:
+            raise LookupError(f"no bot message {message.ts} in {message.channel}")
+        block_id, element = find_button(current.blocks, button)
+        shown = {**self._bot_message_json(current), "text": current.final_text}
+        if replies := sum(m.channel == current.channel and m.thread_ts == current.ts for m in self._messages.values()):
+            shown.update(thread_ts=current.ts, reply_count=replies)  # a thread's parent carries its own ts
+        payload = block_actions_payload(
+            team_id=self.team_id, api_app_id=self.api_app_id, user=user, channel=current.channel,
+            message=shown, block_id=block_id,
+            button=element, response_url=self.responses.mint(f"http://127.0.0.1:{self.port}"),
+            trigger_id=f"{next(self._seq)}.{self._ts_base}.{secrets.token_hex(16)}")
+        delivery = Delivery("interactive", payload)
+        self._deliveries.append(delivery)
+        await self._send(delivery, 0, "")
+        return UserAction(current, [delivery])
 
     def dm_channel(self, user: str) -> str:
         """The direct-message channel between ``user`` and the bot."""
@@ -679,9 +717,9 @@ class SlackSimulator:
             self._pending.append((delivery, retry_attempt, retry_reason))
             await self._flush_pending()
             return
-        if delivery.kind == "slash_commands":
-            body = urlencode(delivery.payload).encode()
-            content_type = "application/x-www-form-urlencoded"
+        if delivery.kind != "events_api":
+            form = {"payload": json.dumps(delivery.payload)} if delivery.kind == "interactive" else delivery.payload
+            body, content_type = urlencode(form).encode(), "application/x-www-form-urlencoded"
         else:
             body, content_type = json.dumps(delivery.payload).encode(), "application/json"
         retry = retry_attempt or None
@@ -764,7 +802,8 @@ class SlackSimulator:
             return
         conn.closed_t = time.monotonic()
         for envelope in conn.envelopes:
-            if envelope.acked_t is None and not envelope.redelivered:
+            # Slack delivers events again, never an interaction (the user sees an error and presses again).
+            if envelope.acked_t is None and not envelope.redelivered and envelope.type != "interactive":
                 envelope.redelivered = True
                 self._pending.append((envelope.delivery, envelope.delivery.attempts, "timeout"))
         self._changed()
@@ -822,7 +861,7 @@ class SlackSimulator:
                          "provided": ",".join(sorted(self.scopes))}, {}
         try:
             return 200, {"ok": True, **handler(call)}, {}
-        except _ApiError as exc:
+        except (_ApiError, BlocksError) as exc:
             return 200, {"ok": False, "error": exc.error}, {}
 
     def _auth_test(self, _call: ApiCall) -> JSON:
@@ -848,7 +887,7 @@ class SlackSimulator:
             raise _ApiError("msg_too_long")
         thread_ts = str(p["thread_ts"]) if p.get("thread_ts") else None
         message = Message(channel, self._next_ts(), text or "", self.bot_user_id, thread_ts, self.bot_id, p,
-                          metadata=_metadata(p.get("metadata")))
+                          metadata=_metadata(p.get("metadata")), blocks=parse_blocks(p.get("blocks")) or None)
         self._messages[(channel, message.ts)] = message
         if self.echo_bot_messages:
             echo = {**self._bot_message_json(message), "channel": channel, "event_ts": message.ts,
@@ -874,8 +913,11 @@ class SlackSimulator:
             raise _ApiError("no_text")
         if len(text or "") > MAX_TEXT_LENGTH:
             raise _ApiError("msg_too_long")
+        blocks = parse_blocks(p.get("blocks"))
         previous = self._bot_message_json(message)
         message.edits.append(text or "")
+        if blocks is not None:  # omitted: Slack keeps the blocks; [] removes them
+            message.blocks = blocks or None
         current = {**self._bot_message_json(message), "text": text or "", "edited": {"user": self.bot_user_id}}
         if self.echo_bot_messages:
             self._spawn(self.deliver_event({
