@@ -8,6 +8,9 @@ is stored; any other answer makes Telegram deliver it again.
 
 Sending needs only getMe. Receiving (``start_receiving`` / ``stop_receiving``) is the polling loop, or in
 webhook mode setWebhook plus a route that answers 503 while the adapter is not receiving.
+
+Choices are inline keyboard buttons. A press (a ``callback_query`` update) is answered at once and goes to the
+gateway as a message from the presser; the update is confirmed, like any other, once the gateway took it.
 """
 
 from __future__ import annotations
@@ -18,14 +21,29 @@ import datetime as dtm
 import hmac
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+import re
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 from aiohttp import web
-from telegram import LinkPreviewOptions, Message, MessageEntity, ReactionTypeEmoji, ReplyParameters, Update
-from telegram.constants import ChatAction, ChatType, ParseMode
+from telegram import (
+    BotCommand,
+    BotCommandScopeAllGroupChats,
+    BotCommandScopeAllPrivateChats,
+    BotCommandScopeDefault,
+    CallbackQuery,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    LinkPreviewOptions,
+    Message,
+    MessageEntity,
+    ReactionTypeEmoji,
+    ReplyParameters,
+    Update,
+)
+from telegram.constants import BotCommandLimit, ChatAction, ChatType, InlineKeyboardButtonLimit, ParseMode
 from telegram.error import (
     BadRequest,
     ChatMigrated,
@@ -45,9 +63,12 @@ from platforms.base import (
     Attachment,
     AttachmentKind,
     BasePlatformAdapter,
+    Choice,
+    MenuCommand,
     MessageEvent,
     OnMessage,
     SendResult,
+    choices_as_text,
     utf16_len,
 )
 from platforms.rich_text import telegram_length, telegram_text, to_telegram_html
@@ -79,6 +100,14 @@ _NOT_MODIFIED = "message is not modified"
 _TOKEN_REJECTED = "telegram: the bot token was rejected (getMe returned 401); check platforms.telegram.token"
 _NOT_FOUND = ("telegram: the Bot API answered 404 Not Found; check platforms.telegram.base_url "
               "(and platforms.telegram.token)")
+# A button carries its choice's text as callback_data when Telegram takes it (1-64 bytes); a longer label goes
+# as this prefix and the choice's index, and is read back from the pressed message's own keyboard.
+_INDEX_TOKEN = "choice:"
+_PAIRED_LABEL = 14  # two buttons this short share a row
+_TOO_OLD = "This message is too old to act on; please ask again."
+_GONE = "This choice is no longer available."
+_COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")  # what setMyCommands takes
+_MENU_SCOPES = (BotCommandScopeDefault(), BotCommandScopeAllPrivateChats(), BotCommandScopeAllGroupChats())
 
 
 class _HandledFloodControl(logging.Filter):
@@ -169,6 +198,56 @@ def _attachments(msg: Message) -> tuple[Attachment, ...]:
     return tuple(found)
 
 
+def _topic(msg: Message) -> str | None:
+    """The forum topic a message is in, as ``thread_id``."""
+    return str(msg.message_thread_id) if msg.is_topic_message and msg.message_thread_id else None
+
+
+def _callback_data(index: int, choice: Choice) -> str | None:
+    """What a choice's button carries: its text when Telegram takes that, else (a label) an index token; None for
+    a command too long to carry."""
+    text = choice.text
+    if (text and len(text.encode()) <= InlineKeyboardButtonLimit.MAX_CALLBACK_DATA
+            and not text.startswith(_INDEX_TOKEN)):
+        return text
+    return None if choice.command else f"{_INDEX_TOKEN}{index}"
+
+
+def _keyboard(choices: Sequence[Choice]) -> tuple[InlineKeyboardMarkup | None, list[Choice]]:
+    """The inline keyboard for ``choices`` (one button a row, two short ones sharing one) and the choices no
+    button can carry."""
+    rows: list[list[InlineKeyboardButton]] = []
+    uncarried: list[Choice] = []
+    for index, choice in enumerate(choices):
+        data = _callback_data(index, choice)
+        if data is None:
+            uncarried.append(choice)
+            continue
+        button = InlineKeyboardButton(choice.label, callback_data=data)
+        if (rows and len(rows[-1]) == 1 and len(rows[-1][0].text) <= _PAIRED_LABEL
+                and len(choice.label) <= _PAIRED_LABEL):
+            rows[-1].append(button)
+        else:
+            rows.append([button])
+    return (InlineKeyboardMarkup(rows) if rows else None), uncarried
+
+
+def _pressed_text(message: Message, data: str | None) -> str | None:
+    """The text of the choice whose button carries ``data`` on ``message``; None when the message shows none."""
+    markup = message.reply_markup
+    for row in markup.inline_keyboard if markup is not None and data else ():
+        for button in row:
+            if button.callback_data == data:
+                return button.text if data.startswith(_INDEX_TOKEN) else data
+    return None
+
+
+def _menu_entry(command: MenuCommand) -> BotCommand:
+    description = command.description.strip() or command.name
+    limit = BotCommandLimit.MAX_DESCRIPTION
+    return BotCommand(command.name, description if len(description) <= limit else description[:limit - 1] + "…")
+
+
 def _strip_mention(text: str, username: str) -> str:
     """``text`` without a leading ``@username`` and the separators after it."""
     handle = "@" + username
@@ -187,6 +266,7 @@ class TelegramAdapter(BasePlatformAdapter):
     can_edit = True
     can_delete = True
     can_react = True
+    can_buttons = True
 
     def __init__(self, settings: TelegramSettings) -> None:
         super().__init__()
@@ -205,7 +285,8 @@ class TelegramAdapter(BasePlatformAdapter):
                                                           group_max_rate=settings.group_per_minute, max_retries=0))
             logging.getLogger("telegram.ext.AIORateLimiter").addFilter(_FLOOD_FILTER)  # adding twice is a no-op
         self._app = builder.build()
-        self._allowed_updates = ["message"] + (["edited_message"] if settings.edited_messages == "handle" else [])
+        self._allowed_updates = ["message", "callback_query"] + (
+            ["edited_message"] if settings.edited_messages == "handle" else [])
         self._on_message: OnMessage | None = None
         self._ready = asyncio.Event()  # getMe done: the bot can send and read updates
         self._init_task: asyncio.Task[None] | None = None
@@ -421,6 +502,8 @@ class TelegramAdapter(BasePlatformAdapter):
     async def _deliver(self, update: Update) -> Accepted | None:
         """Offer an update to the gateway; an update that cannot be read is logged and skipped."""
         on_message = self._on_message
+        if update.callback_query is not None:
+            return await self._deliver_press(update.callback_query, on_message)
         try:
             event = self.to_event(update)
         except Exception:  # one malformed update must not block every later one
@@ -450,6 +533,46 @@ class TelegramAdapter(BasePlatformAdapter):
             logger.exception("telegram: could not hand over update %s", update.update_id)
             return web.Response(status=503, text="could not store the update")
         return web.Response(status=200)
+
+    async def _deliver_press(self, query: CallbackQuery, on_message: OnMessage | None) -> Accepted | None:
+        """Answer a button press at once (whatever the gateway does with it) and offer it to the gateway."""
+        try:
+            event, notice = self.press_event(query)
+        except Exception:  # one malformed press must not block every later update
+            logger.exception("telegram: callback query %s could not be read; skipped", query.id)
+            event, notice = None, None
+        answering = asyncio.create_task(self._answer(query.id, notice))
+        try:
+            return await on_message(event) if event is not None and on_message is not None else None
+        finally:
+            await answering
+
+    async def _answer(self, query_id: str, text: str | None) -> None:
+        """answerCallbackQuery, so the presser's client stops waiting; a failure costs only that (a press offered
+        again after a restart was answered before, and Telegram refuses a second answer)."""
+        try:
+            await self._app.bot.answer_callback_query(query_id, text=text)
+        except TelegramError as exc:
+            logger.info("telegram: answerCallbackQuery %s failed: %s", query_id, exc.message)
+
+    def press_event(self, query: CallbackQuery) -> tuple[MessageEvent | None, str | None]:
+        """The MessageEvent for a button press (None when the bot should not act on it) and the short notice its
+        answer shows the presser, if any."""
+        message, user = query.message, query.from_user
+        # Too old for the bot to see (PTB parses it as a Message dated 0), or a message sent in inline mode.
+        if not isinstance(message, Message) or not message.is_accessible:
+            return None, _TOO_OLD
+        chat_type = _CHAT_TYPES.get(message.chat.type)
+        if user.is_bot or chat_type is None:
+            return None, None
+        text = _pressed_text(message, query.data)
+        if text is None:  # the buttons were removed (the choice was made) or never carried this
+            return None, _GONE
+        return MessageEvent(
+            platform=self.name, event_id=f"press:{query.id}", chat_id=str(message.chat.id), chat_type=chat_type,
+            user_id=str(user.id), user_name=user.username or user.full_name, text=text, message_id=None,
+            thread_id=_topic(message), mentions_bot=True,
+            metadata={"pressed_message_id": str(message.message_id)}), None
 
     def to_event(self, update: Update) -> MessageEvent | None:
         """The MessageEvent for an update, or None when the bot should not answer it."""
@@ -494,7 +617,7 @@ class TelegramAdapter(BasePlatformAdapter):
             platform=self.name, event_id=str(update.update_id), chat_id=str(msg.chat.id), chat_type=chat_type,
             user_id=user_id, user_name=user_name, text=text,
             message_id=str(msg.message_id),
-            thread_id=str(msg.message_thread_id) if msg.is_topic_message and msg.message_thread_id else None,
+            thread_id=_topic(msg),
             reply_to_message_id=str(reply.message_id) if reply is not None else None,
             mentions_bot=mentioned or replied_to_bot, attachments=attachments,
             metadata={"edited": "true"} if edited else {})
@@ -517,8 +640,44 @@ class TelegramAdapter(BasePlatformAdapter):
 
     async def send(self, chat_id: str, content: str, reply_to: str | None = None,
                    metadata: Mapping[str, str] | None = None) -> SendResult:
-        """sendMessage, formatted per ``parse_mode``, threaded under ``reply_to`` and in the topic."""
+        """sendMessage, formatted per ``parse_mode``, threaded under ``reply_to`` and in the topic.
+
+        A part in doubt (``metadata["in_doubt"]``) is sent again: the Bot API can neither look it up nor drop
+        a repeat, so a part is delivered at least once."""
+        return await self._send(chat_id, content, reply_to, metadata, None)
+
+    async def send_choices(self, chat_id: str, content: str, choices: Sequence[Choice], reply_to: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """``send`` with the choices as inline keyboard buttons; a choice whose command is too long for a button's
+        64 bytes is listed as text instead."""
+        keyboard, uncarried = _keyboard(choices)
+        if uncarried:
+            content = f"{content}\n\n{choices_as_text(uncarried)}"
+        return await self._send(chat_id, content, reply_to, metadata, keyboard)
+
+    async def set_commands(self, commands: Sequence[MenuCommand]) -> None:
+        """setMyCommands for every chat, private chats and group chats (narrower scopes set earlier would hide
+        the default list). Names Telegram refuses are left out and logged; failures are logged, never raised."""
+        refused = [c.name for c in commands if not _COMMAND_NAME.fullmatch(c.name)]
+        if refused:
+            logger.warning("telegram: the command menu leaves out %s (Telegram takes 1-32 of a-z, 0-9 and _)",
+                           ", ".join(refused))
+        menu = [_menu_entry(c) for c in commands if _COMMAND_NAME.fullmatch(c.name)]
+        if len(menu) > BotCommandLimit.MAX_COMMAND_NUMBER:
+            logger.warning("telegram: the command menu shows the first %d of %d commands",
+                           BotCommandLimit.MAX_COMMAND_NUMBER, len(menu))
+            menu = menu[:BotCommandLimit.MAX_COMMAND_NUMBER]
+        for scope in _MENU_SCOPES:
+            try:
+                await self._app.bot.set_my_commands(menu, scope=scope)
+            except TelegramError as exc:
+                logger.warning("telegram: setMyCommands (%s) failed: %s", scope.type, exc.message)
+
+    async def _send(self, chat_id: str, content: str, reply_to: str | None, metadata: Mapping[str, str] | None,
+                    keyboard: InlineKeyboardMarkup | None) -> SendResult:
         kwargs: dict[str, Any] = {"chat_id": _chat_ref(chat_id), **_thread_kwargs(metadata)}
+        if keyboard is not None:
+            kwargs["reply_markup"] = keyboard
         if reply_to:
             kwargs["reply_parameters"] = ReplyParameters(int(reply_to), allow_sending_without_reply=True)
         try:
@@ -530,7 +689,8 @@ class TelegramAdapter(BasePlatformAdapter):
 
     async def edit_message(self, chat_id: str, message_id: str, content: str,
                            metadata: Mapping[str, str] | None = None) -> SendResult:
-        """editMessageText; an edit to the text the message already shows counts as done."""
+        """editMessageText; an edit to the text the message already shows counts as done. Buttons the message
+        had are removed (an edit without reply_markup drops the inline keyboard, also when the text stays)."""
         kwargs: dict[str, Any] = {"chat_id": _chat_ref(chat_id), "message_id": int(message_id)}
         try:
             await self._formatted(self._app.bot.edit_message_text, content, kwargs)

@@ -25,6 +25,14 @@ from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, Unpack
 import aiohttp
 from aiohttp import web
 
+from gateway.sim.telegram_interactive import (
+    ApiCall,
+    InteractiveApi,
+    Refused,
+    button_data,
+    check_inline_keyboard,
+    keyboard_of,
+)
 from platforms.reaction_rules import TELEGRAM_REACTION_EMOJI
 
 __all__ = [
@@ -786,8 +794,9 @@ def _update_type(update: JSON) -> str:
 
 
 def _inline_markup(markup: Any) -> JSON | None:
-    """Telegram echoes only inline keyboards back in the Message."""
+    """Telegram echoes only inline keyboards back in the Message (refused when malformed)."""
     if isinstance(markup, dict) and "inline_keyboard" in markup:
+        check_inline_keyboard(markup)
         return markup
     return None
 
@@ -852,6 +861,8 @@ class TelegramSimulator:
         self.webhook_retry_max = webhook_retry_max
         self.webhook_timeout = webhook_timeout
 
+        self.interactive = InteractiveApi(self.bot_id)
+        """Callback queries and command menus (telegram_interactive.py)."""
         self._handlers: dict[str, _Handler] = {
             "getMe": self._get_me,
             "deleteWebhook": self._delete_webhook,
@@ -867,10 +878,7 @@ class TelegramSimulator:
             "getChat": self._get_chat,
             "deleteMessage": self._delete_message,
             "setMessageReaction": self._set_message_reaction,
-            "answerCallbackQuery": self._answer_callback_query,
-            "setMyCommands": self._set_my_commands,
-            "getMyCommands": self._get_my_commands,
-            "deleteMyCommands": self._delete_my_commands,
+            **self.interactive.handlers(),
         }
         self._canonical = {name.lower(): name for name in self._handlers}
 
@@ -881,7 +889,6 @@ class TelegramSimulator:
         self._deleted: list[tuple[int, int]] = []
         self._reactions: list[Call] = []
         self._bot_reactions: dict[tuple[int, int], list[str]] = {}
-        self._callback_answers: list[Call] = []
         self._deliveries: list[WebhookDelivery] = []
         self._downloads: list[str] = []
         self._faults: dict[str, deque[_Fault]] = defaultdict(deque)
@@ -897,9 +904,6 @@ class TelegramSimulator:
         self._files: dict[str, _StoredFile] = {}
         self._files_by_path: dict[str, _StoredFile] = {}
         self._file_seq = 0
-        self._callback_seq = 0
-        self._open_callbacks: set[str] = set()
-        self._commands: dict[str, list[JSON]] = {}
         self._webhook: _Webhook | None = None
 
         self._poll_generation = 0
@@ -1040,8 +1044,13 @@ class TelegramSimulator:
         return list(self._bot_reactions.get((chat_id, message_id), []))
 
     @property
-    def callback_answers(self) -> list[Call]:
-        return list(self._callback_answers)
+    def callback_answers(self) -> list[ApiCall]:
+        """Successful answerCallbackQuery calls (the ``Call`` objects), in order."""
+        return self.interactive.answers
+
+    def keyboard(self, chat_id: int, message_id: int) -> list[list[JSON]]:
+        """The inline keyboard a live message shows now, row by row ([] when none)."""
+        return keyboard_of(self._messages.get((chat_id, message_id)))
 
     @property
     def updates(self) -> list[JSON]:
@@ -1068,8 +1077,8 @@ class TelegramSimulator:
 
     @property
     def commands(self) -> dict[str, list[JSON]]:
-        """setMyCommands state keyed by ``json(scope)|language_code``."""
-        return dict(self._commands)
+        """setMyCommands state keyed by ``json(scope)|language_code`` (see ``interactive.commands_for``)."""
+        return self.interactive.commands
 
     async def wait_for(self, predicate: Callable[[], T | None], timeout: float = 5.0) -> T:
         """Return the first truthy ``predicate()``, re-checked on every change; TimeoutError after ``timeout``."""
@@ -1279,17 +1288,25 @@ class TelegramSimulator:
         self._messages[(chat["id"], message_id)] = msg
         return self.push_update({"edited_message": msg})
 
-    def user_clicks(self, message_id: int, data: str, **origin: Unpack[Origin]) -> JSON:
-        """A user presses an inline button with ``callback_data`` on a message: a ``callback_query`` update."""
+    def user_clicks(self, message_id: int, data: str, *, inaccessible: bool = False, **origin: Unpack[Origin]) -> JSON:
+        """A user presses the inline button carrying ``callback_data`` ``data`` on a message the bot sent: a
+        ``callback_query`` update (ValueError when the message shows no such button). ``inaccessible``: the query
+        carries only the message's chat and id, as Telegram does for a message the bot can no longer see."""
         user, chat = self._origin(origin)
         msg = self._messages.get((chat["id"], message_id))
         if msg is None:
             raise KeyError(f"no message {message_id} in chat {chat['id']}")
-        self._callback_seq += 1
-        query_id = f"{self.bot_id}{self._callback_seq:06d}"
-        self._open_callbacks.add(query_id)
-        query = {"id": query_id, "from": user, "message": msg, "chat_instance": str(chat["id"]), "data": data}
+        query = self.interactive.callback_query(msg, user, data, inaccessible=inaccessible)
         return self.push_update({"callback_query": query})
+
+    def user_presses(self, message_id: int, label: str, *, inaccessible: bool = False,
+                     **origin: Unpack[Origin]) -> JSON:
+        """``user_clicks`` on the button labelled ``label`` (whatever callback_data it carries)."""
+        _, chat = self._origin(origin)
+        msg = self._messages.get((chat["id"], message_id))
+        if msg is None:
+            raise KeyError(f"no message {message_id} in chat {chat['id']}")
+        return self.user_clicks(message_id, button_data(msg, label), inaccessible=inaccessible, **origin)
 
     def add_file(self, data: bytes, file_name: str = "file.bin", folder: str = "documents") -> str:
         """Register bytes for getFile + download; returns the file_id."""
@@ -1601,6 +1618,8 @@ class TelegramSimulator:
                 result = await self._handlers[canonical](call)
             except _ApiError as exc:
                 return self._finish(call, exc.code, exc.body())
+            except Refused as exc:
+                return self._finish(call, 400, _error_body(400, exc.description))
             except Exception:
                 _log.exception("simulator failed handling %s", canonical)
                 return self._finish(call, 500, _error_body(500, "Internal Server Error"))
@@ -1865,40 +1884,6 @@ class TelegramSimulator:
                 raise _ApiError(400, "Bad Request: REACTION_INVALID")
         self._bot_reactions[key] = [item["emoji"] for item in reaction]
         self._reactions.append(call)
-        return True
-
-    async def _answer_callback_query(self, call: Call) -> bool:
-        query_id = str(call.params.get("callback_query_id") or "")
-        if query_id not in self._open_callbacks:
-            raise _ApiError(
-                400, "Bad Request: query is too old and response timeout expired or query ID is invalid"
-            )
-        self._open_callbacks.discard(query_id)
-        self._callback_answers.append(call)
-        return True
-
-    @staticmethod
-    def _commands_key(params: JSON) -> str:
-        scope = params.get("scope") or {"type": "default"}
-        return f"{json.dumps(scope, sort_keys=True)}|{params.get('language_code') or ''}"
-
-    async def _set_my_commands(self, call: Call) -> bool:
-        commands = call.params.get("commands")
-        if not isinstance(commands, list):
-            raise _ApiError(400, "Bad Request: can't parse commands JSON object")
-        for cmd in commands:
-            if not (isinstance(cmd, dict) and re.fullmatch(r"[a-z0-9_]{1,32}", str(cmd.get("command", "")))):
-                raise _ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
-            if not 1 <= len(str(cmd.get("description", ""))) <= 256:
-                raise _ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
-        self._commands[self._commands_key(call.params)] = commands
-        return True
-
-    async def _get_my_commands(self, call: Call) -> list[JSON]:
-        return self._commands.get(self._commands_key(call.params), [])
-
-    async def _delete_my_commands(self, call: Call) -> bool:
-        self._commands.pop(self._commands_key(call.params), None)
         return True
 
     # ----------------------------------------------------------------- webhook delivery
