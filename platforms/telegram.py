@@ -243,6 +243,7 @@ def _pressed_text(message: Message, data: str | None) -> str | None:
 
 
 def _menu_entry(command: MenuCommand) -> BotCommand:
+    """A menu entry as setMyCommands takes it: a description of 1-256 characters (the name when it has none)."""
     description = command.description.strip() or command.name
     limit = BotCommandLimit.MAX_DESCRIPTION
     return BotCommand(command.name, description if len(description) <= limit else description[:limit - 1] + "…")
@@ -663,10 +664,6 @@ class TelegramAdapter(BasePlatformAdapter):
             logger.warning("telegram: the command menu leaves out %s (Telegram takes 1-32 of a-z, 0-9 and _)",
                            ", ".join(refused))
         menu = [_menu_entry(c) for c in commands if _COMMAND_NAME.fullmatch(c.name)]
-        if len(menu) > BotCommandLimit.MAX_COMMAND_NUMBER:
-            logger.warning("telegram: the command menu shows the first %d of %d commands",
-                           BotCommandLimit.MAX_COMMAND_NUMBER, len(menu))
-            menu = menu[:BotCommandLimit.MAX_COMMAND_NUMBER]
         for scope in _MENU_SCOPES:
             try:
                 await self._app.bot.set_my_commands(menu, scope=scope)

@@ -4,7 +4,8 @@ Point python-telegram-bot at it with ``Bot(token, base_url=sim.base_url,
 base_file_url=sim.base_file_url)``. Driver methods (``user_sends`` ...) play the user; readers
 (``calls``, ``sent_messages`` ...) show what the bot did; ``fail_next`` / ``drop_next`` /
 ``slow_next`` inject faults. Updates are kept until confirmed by a ``getUpdates`` offset or a 2xx
-webhook answer, like Telegram does, so at-least-once delivery can be tested.
+webhook answer, like Telegram does, so at-least-once delivery can be tested. Inline keyboards, button
+presses and command menus are the interactive part (``telegram_interactive``, ``sim.interactive``).
 """
 
 from __future__ import annotations

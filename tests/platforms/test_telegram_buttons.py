@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
+from aiohttp import web
 from telegram import Bot, BotCommand
 from telegram.error import BadRequest
 
@@ -14,7 +15,7 @@ from gateway.sim.telegram_api import DEFAULT_GROUP_ID, DEFAULT_SUPERGROUP_ID, Te
 from platforms.base import Accepted, Choice, GatewayClosing, MenuCommand, MessageEvent
 from platforms.telegram import TelegramAdapter
 from tests.platforms import test_telegram
-from tests.platforms.test_telegram import ALICE, BOB, World, _bot_texts, _quiet, _settings
+from tests.platforms.test_telegram import ALICE, BOB, HOOK_SECRET, World, _bot_texts, _free_port, _quiet, _settings
 
 world = test_telegram.world
 adapter = test_telegram.adapter
@@ -214,6 +215,30 @@ async def test_a_press_offered_while_the_gateway_closes_is_not_confirmed_and_com
     assert bot.state.value == "connected"
 
 
+async def test_in_webhook_mode_a_press_not_taken_is_refused_with_503_and_delivered_again(world: World) -> None:
+    sim, stand_in = world.sim, _Gateway(closing=1)
+    port = _free_port()
+    bot = TelegramAdapter(_settings(sim, mode="webhook", webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
+                                    webhook_secret=HOOK_SECRET))
+    app = web.Application()
+    app.add_routes(bot.http_routes())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await bot.connect(stand_in)
+    try:
+        sim.add_chat(ALICE)
+        sent = await bot.send_choices(str(ALICE), "Go?", [Choice("Go", "/go")])
+        press = sim.user_presses(int(sent.message_id or 0), "Go")
+        await sim.wait_for(lambda: not sim.pending_updates)
+        assert [d.status for d in sim.deliveries if d.update_id == press["update_id"]] == [503, 200]
+        assert [e.text for e in stand_in.offered] == ["/go", "/go"] and len(sim.callback_answers) == 1
+        assert sim.calls_of("setWebhook")[0].params["allowed_updates"] == ["message", "callback_query"]
+    finally:
+        await bot.disconnect()
+        await runner.cleanup()
+
+
 async def test_set_commands_publishes_three_scopes_and_leaves_out_names_telegram_refuses(
         world: World, caplog: pytest.LogCaptureFixture) -> None:
     sim = world.sim
@@ -248,9 +273,9 @@ async def test_the_simulator_refuses_what_the_bot_api_refuses(world: World) -> N
     sim = world.sim
     sim.add_chat(ALICE)
     async with Bot(sim.token, base_url=sim.base_url) as api:
-        with pytest.raises(BadRequest, match="(?i)BOT_COMMAND_INVALID"):
+        with pytest.raises(BadRequest, match=r"(?i)BOT_COMMAND_INVALID"):
             await api.set_my_commands([BotCommand("reload-mcp", "Reload")])
-        with pytest.raises(BadRequest, match="(?i)BUTTON_DATA_INVALID"):
+        with pytest.raises(BadRequest, match=r"(?i)BUTTON_DATA_INVALID"):
             await api.send_message(ALICE, "x", reply_markup={"inline_keyboard": [[
                 {"text": "wide", "callback_data": "ü" * 33}]]})  # type: ignore[arg-type]
         await api.set_my_commands([BotCommand("status", "Status")], language_code="de")
