@@ -21,20 +21,24 @@ it handled, at most ``backfill_window`` seconds old, and feeds them through the 
 Threads are channels on Discord. An event from a thread has ``chat_id`` = the parent channel and
 ``thread_id`` = the thread: allowlists naming a channel cover its threads, sessions stay per thread
 (``discord:group:<channel>:<thread>:<user>``), and replies go to the thread (``thread_id`` wins).
+
+Interactions (platforms/discord_interactions.py): ``send_choices`` puts buttons under a message; a press
+(INTERACTION_CREATE type 3) is acknowledged at once with a deferred update and arrives as a message from the
+presser. ``set_commands`` publishes the slash-command menu; an invocation is acknowledged with a deferred
+response and arrives as ``/<name> <args>`` whose ``message_id`` is ``interaction:<id>``: the reply part naming
+it edits that response, while its token is valid, instead of posting in the channel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import math
-import os
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +47,7 @@ from typing import Any, Literal
 import aiohttp
 import discord
 import yarl
+from discord import app_commands
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
@@ -51,11 +56,15 @@ from platforms.base import (
     Attachment,
     AttachmentKind,
     BasePlatformAdapter,
+    ChatType,
+    Choice,
+    MenuCommand,
     MessageEvent,
     OnMessage,
-    PlatformState,
     SendResult,
 )
+from platforms.discord_cursors import Cursors
+from platforms.discord_interactions import Interactions, interaction_id, publish_menu
 from platforms.rich_text import discord_length, to_discord
 
 __all__ = ["DISCORD_API", "DiscordAdapter", "DiscordSettings", "DiscordStartupError", "delivery_nonce"]
@@ -70,8 +79,6 @@ _TASK_GRACE = 1.0  # how long stopping waits for a task to end by itself (the cl
 _REQUEST_MARGIN = 30.0  # a request may wait out a rate limit up to max_ratelimit_timeout, then this long
 _MAX_IDENTIFY_BACKOFF = 300.0
 _MAX_HELD = 10_000  # live messages held back while catching up; beyond that they are handed over at once
-_MAX_TRACKED_CHANNELS = 200
-_CURSORS_KEY = "discord:backfill-cursors"
 _CURSOR_FLUSH_INTERVAL = 1.0
 _HANDLED_TYPES = frozenset({discord.MessageType.default, discord.MessageType.reply})
 _NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
@@ -109,6 +116,8 @@ class DiscordSettings:
     reconnect_backoff: float = 5.0
     backfill_window: float = 3600.0
     state_file: Path | None = None
+    command_guilds: tuple[str, ...] = ()
+    """Guild ids to register the slash commands in (instant, per guild); empty: globally."""
 
 
 def delivery_nonce(delivery_id: str) -> str:
@@ -152,73 +161,6 @@ class _IdentifyBackoff:
         return min(self._cap, self._base * 2**count) * random.uniform(0.75, 1.0)
 
 
-class _Cursors:
-    """The last handled message id per channel the bot talks in, persisted for backfill after a restart:
-    in the gateway's store when it provides one (``state``: shared by its replicas), else in ``path``."""
-
-    def __init__(self, path: Path | None) -> None:
-        self._path = path
-        self.state: PlatformState | None = None
-        self._entries: dict[int, tuple[int, bool]] = {}  # channel id -> (last message id, is a DM)
-
-    async def load(self) -> None:
-        if self.state is None and self._path is None:
-            return
-        try:
-            if self.state is not None:
-                text = await self.state.load(_CURSORS_KEY)
-            else:
-                assert self._path is not None
-                text = await asyncio.to_thread(self._path.read_text, encoding="utf-8")
-            if text is None:
-                return
-            data = json.loads(text)
-            self._entries = {int(cid): (int(e["last"]), bool(e["dm"])) for cid, e in data["channels"].items()}
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            logger.warning("discord: ignoring unreadable backfill state (%s)", exc)
-
-    def follow(self, channel_id: int, before: int, dm: bool) -> bool:
-        """Follow a channel not followed yet from just before message ``before``; returns whether it was new."""
-        if channel_id in self._entries:
-            return False
-        return self.note(channel_id, before - 1, dm, track=True)
-
-    def note(self, channel_id: int, message_id: int, dm: bool, *, track: bool) -> bool:
-        """Record a handled message; ``track`` starts following the channel. Returns whether anything changed."""
-        entry = self._entries.get(channel_id)
-        if (entry is None and not track) or (entry is not None and entry[0] >= message_id):
-            return False
-        self._entries[channel_id] = (message_id, dm)
-        if len(self._entries) > _MAX_TRACKED_CHANNELS:
-            del self._entries[min(self._entries, key=lambda c: self._entries[c][0])]
-        return True
-
-    def items(self) -> list[tuple[int, int, bool]]:
-        """(channel id, last message id, is a DM) for every followed channel."""
-        return [(cid, last, dm) for cid, (last, dm) in self._entries.items()]
-
-    async def save(self) -> None:
-        if self.state is None and self._path is None:
-            return
-        data = {"channels": {str(cid): {"last": str(last), "dm": dm} for cid, (last, dm) in self._entries.items()}}
-        try:
-            if self.state is not None:
-                await self.state.save(_CURSORS_KEY, json.dumps(data))
-            else:
-                await asyncio.to_thread(self._write, json.dumps(data))
-        except Exception as exc:  # the next save tries again
-            logger.warning("discord: could not save backfill state (%s)", exc)
-
-    def _write(self, text: str) -> None:
-        assert self._path is not None
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_name(self._path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, self._path)
-
-
 class _Hooks:
     """Routes the gateway client's hooks and events to the adapter (mixed into Client and AutoShardedClient)."""
 
@@ -246,6 +188,9 @@ class _Hooks:
     async def on_message(self, message: discord.Message) -> None:
         await self._adapter._live(self, message)  # type: ignore[arg-type]
 
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        await self._adapter._interaction(interaction)
+
 
 class _Client(_Hooks, discord.Client):
     async def on_ready(self) -> None:
@@ -266,6 +211,7 @@ class DiscordAdapter(BasePlatformAdapter):
     can_edit = True
     can_delete = True
     can_react = True
+    can_buttons = True
     length_fn = discord_length  # the Markdown as sent (tables as code blocks), in UTF-16 units
 
     def __init__(self, settings: DiscordSettings) -> None:
@@ -279,12 +225,13 @@ class DiscordAdapter(BasePlatformAdapter):
         self._identify_backoff = _IdentifyBackoff(settings.reconnect_backoff)
         self._request_timeout = settings.max_ratelimit_timeout + _REQUEST_MARGIN
         self._rest: discord.Client | None = None  # logged in over REST only: every send goes through it
+        self._tree: app_commands.CommandTree[discord.Client] | None = None  # the REST client's: publishes the menu
         self._client: discord.Client | None = None  # the gateway client, while receiving
         self._task: asyncio.Task[None] | None = None  # its connect()
         self._on_message: OnMessage | None = None
         self._saved_endpoints: tuple[str, yarl.URL] | None = None
         self._intake = asyncio.Lock()
-        self._cursors = _Cursors(settings.state_file)
+        self._cursors = Cursors(settings.state_file)
         self._cursors_dirty = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._backfills: set[asyncio.Task[None]] = set()
@@ -295,6 +242,8 @@ class DiscordAdapter(BasePlatformAdapter):
         self._catching_up: asyncio.Task[None] | None = None
         self._backfill_again = False
         self._backfill_owed = False  # a new session started and its on_ready (which backfills) has not come
+        self._interactions = Interactions()
+        self._menu: list[MenuCommand] | None = None  # set_commands before connect: published once logged in
 
     # -- lifecycle -------------------------------------------------------
 
@@ -308,7 +257,7 @@ class DiscordAdapter(BasePlatformAdapter):
         self._on_message = on_message
         self._set_state(AdapterState.CONNECTING)
         self._apply_endpoints()
-        self._cursors.state = self.state_store
+        self._cursors.state = self._interactions.state = self.state_store
         await self._cursors.load()
         rest = discord.Client(intents=discord.Intents.none(), allowed_mentions=self._mentions,
                               max_ratelimit_timeout=self.settings.max_ratelimit_timeout)
@@ -319,9 +268,12 @@ class DiscordAdapter(BasePlatformAdapter):
             raise
         assert rest.user is not None
         self._rest, self.bot_username = rest, rest.user.name
+        self._tree = app_commands.CommandTree(rest)
         logger.info("discord: logged in as %s (%s)", rest.user.name, rest.user.id)
         self._set_state(AdapterState.CONNECTED)
         self._flusher = asyncio.create_task(self._flush_cursors(), name="discord-cursors")
+        if self._menu is not None:
+            await publish_menu(self._tree, self._menu, self.settings.command_guilds, self._request_timeout)
         if receive:
             await self.start_receiving()
 
@@ -353,7 +305,7 @@ class DiscordAdapter(BasePlatformAdapter):
     async def disconnect(self) -> None:
         """Close the gateway connection and the REST client; save the backfill state."""
         await self.stop_receiving()
-        rest, self._rest = self._rest, None
+        rest, self._rest, self._tree = self._rest, None, None
         if rest is not None:
             await self._close(rest)
         if self._flusher is not None:
@@ -554,33 +506,18 @@ class DiscordAdapter(BasePlatformAdapter):
         channel = message.channel
         mentioned = me.id in message.raw_mentions or any(u.id == me.id for u in message.mentions)
         replied = self._replies_to(message, me)
-        thread_id: str | None = None
-        if message.guild is None:
-            chat_type: Literal["dm", "group"] = "dm"
-            chat_id = str(channel.id)
-        else:
-            chat_type = "group"
-            parent = channel.parent_id if isinstance(channel, discord.Thread) else None
-            chat_id = str(parent or channel.id)
-            thread_id = str(channel.id) if parent else None
-            s = self.settings
-            if s.allowed_guilds and str(message.guild.id) not in s.allowed_guilds:
-                self._rejected("guild_not_allowed")
-                return None
-            if s.allowed_channels and chat_id not in s.allowed_channels and thread_id not in s.allowed_channels:
-                self._rejected("channel_not_allowed")
-                return None
-            if s.respond_in_guilds == "mention" and not (mentioned or replied):
-                return None
+        place = self._place(channel, message.guild.id if message.guild is not None else None)
+        if place is None:
+            return None
+        chat_type, chat_id, thread_id, metadata = place
+        if chat_type == "group" and self.settings.respond_in_guilds == "mention" and not (mentioned or replied):
+            return None
         attachments = tuple(
             Attachment(kind=_attachment_kind(a), file_id=str(a.id), name=a.filename, mime_type=a.content_type,
                        size=a.size, url=a.url) for a in message.attachments)
         text = re.sub(rf"^\s*<@!?{me.id}>\s*", "", message.content)
         if not text and attachments:
             text = "[attachments: " + ", ".join(a.name or a.file_id for a in attachments) + "]"
-        metadata = {"channel_id": str(channel.id)}
-        if message.guild is not None:
-            metadata["guild_id"] = str(message.guild.id)
         reference = message.reference.message_id if message.reference else None
         return MessageEvent(
             platform=self.name, event_id=str(message.id), chat_id=chat_id, chat_type=chat_type,
@@ -588,6 +525,60 @@ class DiscordAdapter(BasePlatformAdapter):
             message_id=str(message.id), thread_id=thread_id,
             reply_to_message_id=str(reference) if reference else None, mentions_bot=mentioned or replied,
             attachments=attachments, received_at=message.created_at.astimezone(UTC), metadata=metadata)
+
+    def _place(self, channel: Any, guild_id: int | None) -> tuple[ChatType, str, str | None, dict[str, str]] | None:
+        """(chat type, chat id, thread id, metadata) of an event in ``channel``, or None where the guild filters
+        refuse it (counted as rejected)."""
+        metadata = {"channel_id": str(channel.id)}
+        if guild_id is None:
+            return "dm", str(channel.id), None, metadata
+        metadata["guild_id"] = str(guild_id)
+        parent = channel.parent_id if isinstance(channel, discord.Thread) else None
+        chat_id = str(parent or channel.id)
+        thread_id = str(channel.id) if parent else None
+        s = self.settings
+        if s.allowed_guilds and str(guild_id) not in s.allowed_guilds:
+            self._rejected("guild_not_allowed")
+            return None
+        if s.allowed_channels and chat_id not in s.allowed_channels and thread_id not in s.allowed_channels:
+            self._rejected("channel_not_allowed")
+            return None
+        return "group", chat_id, thread_id, metadata
+
+    async def _interaction(self, interaction: discord.Interaction) -> None:
+        """A button press or a slash command: acknowledged at once (Discord allows 3 s), then handed over like a
+        message in that channel; a refused command's "thinking..." response is taken away.
+
+        Handled in the client's ``on_interaction`` rather than by persistent views or a CommandTree dispatching
+        to callbacks: presses on buttons sent before a restart or by another replica, and invocations of a menu
+        published earlier, must all be acknowledged and handed over, and the client publishing the menu (the
+        REST one) is not the one receiving. Discord never redelivers an interaction, so one whose
+        acknowledgement failed (the user sees "interaction failed" and may try again) is not handed over.
+        """
+        on_message = self._on_message
+        command = interaction.type is discord.InteractionType.application_command
+        if on_message is None or not (command or interaction.type is discord.InteractionType.component):
+            return
+        if not await self._interactions.acknowledge(interaction, self._request_timeout):
+            return
+        said = await self._interactions.read(interaction)
+        place = self._place(interaction.channel, interaction.guild_id) if said and interaction.channel else None
+        accepted = None
+        if said is not None and place is not None:
+            chat_type, chat_id, thread_id, where = place
+            event = MessageEvent(
+                platform=self.name, event_id=said.event_id, chat_id=chat_id, chat_type=chat_type,
+                user_id=str(interaction.user.id), user_name=interaction.user.display_name, text=said.text,
+                message_id=said.message_id, thread_id=thread_id, mentions_bot=True,
+                received_at=interaction.created_at.astimezone(UTC), metadata={**said.metadata, **where})
+            async with self._intake:
+                try:
+                    accepted = await on_message(event)
+                except Exception:
+                    logger.exception("discord: could not hand over interaction %s in channel %s", interaction.id,
+                                     interaction.channel_id)
+        if command and accepted is None:
+            await self._interactions.withdraw(interaction, self._request_timeout)
 
     @staticmethod
     def _replies_to(message: discord.Message, me: discord.ClientUser) -> bool:
@@ -650,26 +641,63 @@ class DiscordAdapter(BasePlatformAdapter):
 
     async def send(self, chat_id: str, content: str, reply_to: str | None = None,
                    metadata: Mapping[str, str] | None = None) -> SendResult:
-        """Post one message (to the thread when metadata names one), replying to ``reply_to`` if it still exists."""
+        """Post one message (to the thread when metadata names one), replying to ``reply_to`` if it still exists;
+        a ``reply_to`` of ``interaction:<id>`` answers that slash command (see ``Interactions.answer``)."""
+        return await self._post(chat_id, content, reply_to, metadata, None)
+
+    async def send_choices(self, chat_id: str, content: str, choices: Sequence[Choice], reply_to: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Post one message with a button per choice, as exactly once as ``send`` (same nonce)."""
+        try:
+            view = await self._interactions.view(choices)
+        except Exception as exc:  # the state store could not keep a long choice text: try again later
+            return SendResult(success=False, error=f"discord: could not prepare the buttons: {exc!r}", retryable=True)
+        return await self._post(chat_id, content, reply_to, metadata, view)
+
+    async def _post(self, chat_id: str, content: str, reply_to: str | None, metadata: Mapping[str, str] | None,
+                    view: discord.ui.View | None) -> SendResult:
         channel = self._channel(chat_id, metadata)
         if isinstance(channel, SendResult):
             return channel
+        text = to_discord(content)
+        reply = _snowflake(reply_to)
+        if (iid := interaction_id(reply_to)) is not None and self._rest is not None:
+            try:  # answer the slash command; else post in the channel, replying to what this names
+                answer = await self._interactions.answer(self._rest, iid, text, view, self._mentions,
+                                                         (metadata or {}).get("delivery_id"), self._request_timeout)
+            except (discord.RateLimited, discord.HTTPException, *_NETWORK_ERRORS) as exc:
+                return self._failure(exc, chat_id)
+            except Exception as exc:  # the state store: try again later
+                return SendResult(success=False, error=f"discord: could not load slash command {iid}: {exc!r}",
+                                  retryable=True)
+            if isinstance(answer, discord.Message):
+                return SendResult(success=True, message_id=str(answer.id))
+            reply = answer
         options: dict[str, Any] = {"allowed_mentions": self._mentions}
-        if (reply := _snowflake(reply_to)) is not None:
+        if view is not None:
+            options["view"] = view
+        if reply is not None:
             options["reference"] = discord.MessageReference(message_id=reply, channel_id=channel.id,
                                                             fail_if_not_exists=False)
         if delivery_id := (metadata or {}).get("delivery_id"):
             options["nonce"] = delivery_nonce(delivery_id)  # discord.py sends it with enforce_nonce
-        return await self._request(lambda: channel.send(to_discord(content), **options), chat_id)
+        return await self._request(lambda: channel.send(text, **options), chat_id)
+
+    async def set_commands(self, commands: Sequence[MenuCommand]) -> None:
+        """Publish the slash-command menu (see ``publish_menu``), globally or in each of ``command_guilds``;
+        before ``connect``, once logged in. Failures are logged."""
+        self._menu = list(commands)
+        if self._tree is not None:
+            await publish_menu(self._tree, self._menu, self.settings.command_guilds, self._request_timeout)
 
     async def edit_message(self, chat_id: str, message_id: str, content: str,
                            metadata: Mapping[str, str] | None = None) -> SendResult:
-        """Replace the text of a message the bot sent (PATCH)."""
+        """Replace the text of a message the bot sent (PATCH), removing its buttons."""
         partial = self._message(chat_id, message_id, metadata)
         if isinstance(partial, SendResult):
             return partial
-        return await self._request(lambda: partial.edit(content=to_discord(content),
-                                                        allowed_mentions=self._mentions), chat_id)
+        return await self._request(lambda: partial.edit(content=to_discord(content), allowed_mentions=self._mentions,
+                                                        view=None), chat_id)
 
     def _message(self, chat_id: str, message_id: str,
                  metadata: Mapping[str, str] | None) -> discord.PartialMessage | SendResult:
@@ -692,7 +720,10 @@ class DiscordAdapter(BasePlatformAdapter):
     async def set_reaction(self, chat_id: str, message_id: str, emoji: str | None, previous: str | None = None,
                            metadata: Mapping[str, str] | None = None) -> SendResult:
         """Add ``emoji`` as the bot's reaction (PUT .../reactions/{emoji}/@me), then remove ``previous`` (DELETE
-        .../reactions/{previous}/@me): Discord keeps every reaction until it is removed."""
+        .../reactions/{previous}/@me): Discord keeps every reaction until it is removed. A slash command
+        (``interaction:<id>``) has no message to react on: nothing to do."""
+        if interaction_id(message_id) is not None:
+            return SendResult(success=True, message_id=message_id)
         message = self._message(chat_id, message_id, metadata)
         if isinstance(message, SendResult):
             return message
@@ -722,17 +753,18 @@ class DiscordAdapter(BasePlatformAdapter):
         waits out 429s up to max_ratelimit_timeout."""
         try:
             message = await asyncio.wait_for(call(), self._request_timeout)
-        except discord.RateLimited as exc:  # the wait would exceed max_ratelimit_timeout: the outbox waits
-            return SendResult(success=False, error=f"discord: rate limited for {exc.retry_after:.1f} s",
-                              retryable=True, retry_after=exc.retry_after)
-        except discord.HTTPException as exc:
-            return self._http_failure(exc, chat_id)
-        except _NETWORK_ERRORS as exc:
-            return SendResult(success=False, error=f"discord: network error: {exc!r}", retryable=True)
+        except (discord.RateLimited, discord.HTTPException, *_NETWORK_ERRORS) as exc:
+            return self._failure(exc, chat_id)
         return SendResult(success=True, message_id=str(message.id) if message is not None else message_id)
 
     @staticmethod
-    def _http_failure(exc: discord.HTTPException, chat_id: str) -> SendResult:
+    def _failure(exc: Exception, chat_id: str) -> SendResult:
+        """The outbox's decision for a failed REST call."""
+        if isinstance(exc, discord.RateLimited):  # the wait would exceed max_ratelimit_timeout: the outbox waits
+            return SendResult(success=False, error=f"discord: rate limited for {exc.retry_after:.1f} s",
+                              retryable=True, retry_after=exc.retry_after)
+        if not isinstance(exc, discord.HTTPException):
+            return SendResult(success=False, error=f"discord: network error: {exc!r}", retryable=True)
         error = f"discord: HTTP {exc.status} (code {exc.code}): {exc.text or exc.response.reason}"
         if exc.status == 429 or exc.status >= 500:  # 429 here: one discord.py would not wait out (no Via header)
             return SendResult(success=False, error=error, retryable=True)

@@ -10,7 +10,8 @@ connection, as on Discord, and end when the client closes with 1000/1001.
 Drivers (``user_sends_dm``, ``user_sends`` ...) play users; readers (``rest_calls``, ``bot_messages``,
 ``received`` ...) show what the bot did; ``fail_next`` / ``drop_next`` and the gateway controls
 (``withhold_acks``, ``suspend_delivery``, ``cut_connections``, ``send_reconnect``,
-``invalidate_sessions``, ``reject_identify``) inject faults.
+``invalidate_sessions``, ``reject_identify``) inject faults. Message components, button presses and slash
+commands (``user_presses``, ``user_invokes`` ...) are in gateway/sim/discord_interactions.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ from typing import Any, Literal, TypeVar
 import aiohttp
 from aiohttp import web
 
+from gateway.sim.discord_interactions import (
+    INTERACTION_ROUTES,
+    INTERACTION_UNAUTHENTICATED,
+    TEXT_PARAMS,
+    InteractionsMixin,
+)
 from platforms.reaction_rules import DISCORD_CUSTOM_EMOJI, reaction_problem
 
 __all__ = [
@@ -223,10 +230,11 @@ _ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
         ("DELETE", r"/channels/(?P<channel_id>\d+)/messages/(?P<message_id>\d+)/reactions/(?P<emoji>[^/]+)/@me",
          "remove_own_reaction"),
         ("POST", r"/channels/(?P<channel_id>\d+)/typing", "typing"),
+        *INTERACTION_ROUTES,
     )
 )
 _ROUTE_NAMES = frozenset(name for _, _, name in _ROUTES)
-_UNAUTHENTICATED = frozenset({"gateway"})
+_UNAUTHENTICATED = frozenset({"gateway"}) | INTERACTION_UNAUTHENTICATED
 
 
 def _response(status: int, body: Any = None, headers: dict[str, str] | None = None) -> web.Response:
@@ -247,7 +255,7 @@ def _ratelimit_headers(route: str, remaining: int, reset_after: float) -> dict[s
     }
 
 
-class DiscordSimulator:
+class DiscordSimulator(InteractionsMixin):
     """A Discord gateway and REST API on an ephemeral local port, with drivers, readers and faults.
 
     One guild (``GUILD_ID``) with text channels ``GENERAL_ID`` and ``RANDOM_ID``; users Alice
@@ -257,6 +265,7 @@ class DiscordSimulator:
 
     def __init__(self, token: str = DEFAULT_TOKEN, *, bot_name: str = "hermes", heartbeat_interval: int = 41250,
                  zlib: bool = False, recommended_shards: int = 1) -> None:
+        super().__init__()
         self.token = token
         self.heartbeat_interval = heartbeat_interval
         self.zlib = zlib
@@ -650,8 +659,8 @@ class DiscordSimulator:
 
     def _post(self, channel: JSON, author: JSON, content: str, *, reference: JSON | None = None,
               allowed: JSON | None = None, replied_user: bool = True, attachments: Sequence[JSON] = (),
-              nonce: str | None = None) -> JSON:
-        """Store a new message and dispatch MESSAGE_CREATE."""
+              nonce: str | None = None, fields: JSON | None = None) -> JSON:
+        """Store a new message (``fields`` override or add message fields) and dispatch MESSAGE_CREATE."""
         mid = self._new_id()
         mentions, roles, everyone = self._mentions(content, allowed, reference, replied_user)
         message: JSON = {
@@ -660,6 +669,7 @@ class DiscordSimulator:
             "mention_roles": roles, "attachments": list(attachments), "embeds": [], "components": [],
             "pinned": False, "type": _MESSAGE_REPLY if reference else _MESSAGE_DEFAULT, "flags": 0,
         }
+        message.update(fields or {})
         if nonce is not None:
             message["nonce"] = nonce
         if reference is not None:
@@ -891,7 +901,7 @@ class DiscordSimulator:
             return await self._drop(request, call, applied=False)
         handler: _Handler = getattr(self, f"_rest_{route}")
         try:
-            status, result = await handler(call, **{k: v if k == "emoji" else int(v)
+            status, result = await handler(call, **{k: v if k == "emoji" or k in TEXT_PARAMS else int(v)
                                                     for k, v in m.groupdict().items()})
         except _ApiError as exc:
             return self._finish(call, exc.status, exc.body)
@@ -913,6 +923,8 @@ class DiscordSimulator:
             request.transport.abort()
         await asyncio.sleep(1)  # handler_cancellation ends the handler here
         return web.Response(status=500)
+
+    _api_error = _ApiError  # for the interactions mixin
 
     async def _rest_get_me(self, call: RestCall) -> tuple[int, Any]:
         return 200, {**self.bot_user, "verified": True, "mfa_enabled": False, "flags": 0}
@@ -976,6 +988,7 @@ class DiscordSimulator:
         content = self._check_content(body.get("content"))
         if not content:
             raise _ApiError(400, 50006, "Cannot send an empty message")
+        components = self._components(body.get("components"))
         nonce = body.get("nonce")
         now = time.monotonic()
         if nonce is not None and body.get("enforce_nonce"):
@@ -992,7 +1005,7 @@ class DiscordSimulator:
         allowed = body.get("allowed_mentions")
         message = self._post(channel, self.bot_user, content, reference=reference, allowed=allowed,
                              replied_user=bool((allowed or {}).get("replied_user", allowed is None)),
-                             nonce=None if nonce is None else str(nonce))
+                             nonce=None if nonce is None else str(nonce), fields={"components": components})
         mid = int(message["id"])
         self._bot_created.append(mid)
         if nonce is not None:
@@ -1009,6 +1022,8 @@ class DiscordSimulator:
             reference = message.get("referenced_message")
             mentions, roles, everyone = self._mentions(content, body.get("allowed_mentions"), reference, False)
             message.update(content=content, mentions=mentions, mention_roles=roles, mention_everyone=everyone)
+        if "components" in body:
+            message["components"] = self._components(body["components"])
         message["edited_timestamp"] = _iso()
         self._edits.append((message_id, message["content"]))
         event = dict(message)
