@@ -58,6 +58,7 @@ from platforms.base import (
     BasePlatformAdapter,
     ChatType,
     Choice,
+    GatewayClosing,
     MenuCommand,
     MessageEvent,
     OnMessage,
@@ -547,7 +548,8 @@ class DiscordAdapter(BasePlatformAdapter):
 
     async def _interaction(self, interaction: discord.Interaction) -> None:
         """A button press or a slash command: acknowledged at once (Discord allows 3 s), then handed over like a
-        message in that channel; a refused command's "thinking..." response is taken away.
+        message in that channel; a refused command's "thinking..." response is taken away, and a user whose
+        interaction the gateway could not take (closing, or failing) is told to try again.
 
         Handled in the client's ``on_interaction`` rather than by persistent views or a CommandTree dispatching
         to callbacks: presses on buttons sent before a restart or by another replica, and invocations of a menu
@@ -563,7 +565,7 @@ class DiscordAdapter(BasePlatformAdapter):
             return
         said = await self._interactions.read(interaction)
         place = self._place(interaction.channel, interaction.guild_id) if said and interaction.channel else None
-        accepted = None
+        accepted, failed = None, None
         if said is not None and place is not None:
             chat_type, chat_id, thread_id, where = place
             event = MessageEvent(
@@ -574,10 +576,18 @@ class DiscordAdapter(BasePlatformAdapter):
             async with self._intake:
                 try:
                     accepted = await on_message(event)
+                except GatewayClosing:
+                    logger.warning("discord: interaction %s arrived while the gateway was closing; it is lost "
+                                   "(Discord does not deliver it again), the user is asked to try again",
+                                   interaction.id)
+                    failed = "closing"
                 except Exception:
                     logger.exception("discord: could not hand over interaction %s in channel %s", interaction.id,
                                      interaction.channel_id)
-        if command and accepted is None:
+                    failed = "failed"
+        if failed is not None:
+            await self._interactions.tell(interaction, failed, self._request_timeout)
+        elif command and accepted is None:
             await self._interactions.withdraw(interaction, self._request_timeout)
 
     @staticmethod

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import discord
@@ -49,6 +49,10 @@ _TOKEN_LIFETIME = timedelta(minutes=15)
 _MAX_MEMORY = 10_000  # choice texts and interactions kept in memory (all of them without a state store)
 _STYLES = {"primary": discord.ButtonStyle.primary, "danger": discord.ButtonStyle.danger,
            "default": discord.ButtonStyle.secondary}
+_NOTES = {("closing", False): "The gateway is restarting; press again in a moment.",
+          ("failed", False): "That press could not be taken; press again in a moment.",
+          ("closing", True): "The gateway is restarting; run the command again in a moment.",
+          ("failed", True): "That command could not be taken; run it again in a moment."}
 _TOKENS = re.compile(r"(/(?:webhooks|interactions)/\d+/|['\"]token['\"]:\s*['\"])[^/?\s'\"]+")
 """A token in a webhook or interaction URL, or as the ``token`` of a logged payload (an INTERACTION_CREATE)."""
 
@@ -226,6 +230,20 @@ class Interactions:
             logger.info("discord: ignoring a press on component %r, not one of ours", data.get("custom_id"))
             return None
         return Said(f"press:{interaction.id}", text, None, {"pressed_message_id": str(interaction.message.id)})
+
+    @staticmethod
+    async def tell(interaction: discord.Interaction, why: Literal["closing", "failed"], timeout: float) -> None:
+        """Ask the user to try again: the presser in an ephemeral follow-up, a command's invoker in its response
+        (a deferred response cannot turn ephemeral). Failures are logged."""
+        command = interaction.type is discord.InteractionType.application_command
+        note = _NOTES[why, command]
+        try:
+            if command:
+                await asyncio.wait_for(interaction.edit_original_response(content=note), timeout)
+            else:
+                await asyncio.wait_for(interaction.followup.send(note, ephemeral=True), timeout)
+        except (discord.HTTPException, *_NETWORK_ERRORS) as exc:
+            logger.info("discord: could not ask the user of interaction %s to try again: %r", interaction.id, exc)
 
     @staticmethod
     async def withdraw(interaction: discord.Interaction, timeout: float) -> None:

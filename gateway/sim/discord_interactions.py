@@ -51,7 +51,7 @@ TEXT_PARAMS = frozenset({"token"})
 INTERACTION_PING, INTERACTION_COMMAND, INTERACTION_COMPONENT = 1, 2, 3
 CALLBACK_MESSAGE, CALLBACK_DEFERRED_MESSAGE, CALLBACK_DEFERRED_UPDATE, CALLBACK_UPDATE = 4, 5, 6, 7
 _ALLOWED_CALLBACKS = {INTERACTION_COMMAND: frozenset({4, 5, 9}), INTERACTION_COMPONENT: frozenset({4, 5, 6, 7, 9})}
-_FLAG_LOADING = 1 << 7
+_FLAG_EPHEMERAL, _FLAG_LOADING = 1 << 6, 1 << 7
 _MESSAGE_CHAT_INPUT_COMMAND = 20
 _COMPONENT_ROW, _COMPONENT_BUTTON = 1, 2
 _BUTTON_LINK, _BUTTON_PREMIUM = 5, 6
@@ -305,10 +305,12 @@ class InteractionsMixin:
         return found
 
     def _respond(self, it: SimInteraction, body: JSON, *, loading: bool) -> JSON:
-        """A message answering an interaction, posted in its channel by the bot."""
+        """A message answering an interaction, posted in its channel by the bot (an ephemeral one too, flagged 64:
+        on Discord only the user sees it)."""
         components = self._components(body.get("components"))
         content = self._check_content(body.get("content"))
-        fields: JSON = {"components": components, "flags": _FLAG_LOADING if loading else 0,
+        flags = (int(body.get("flags") or 0) & _FLAG_EPHEMERAL) | (_FLAG_LOADING if loading else 0)
+        fields: JSON = {"components": components, "flags": flags,
                         "webhook_id": self.bot_user["id"], "application_id": self.bot_user["id"],
                         "interaction_metadata": {"id": str(it.id), "type": it.type, "user": self._users[it.user_id],
                                                  "authorizing_integration_owners": {}}}
@@ -345,7 +347,7 @@ class InteractionsMixin:
         if call.query.get("with_response") not in ("1", "true", "True"):
             return 204, None
         response: JSON = {"id": str(it.id), "type": it.type, "response_message_loading": kind == 5,
-                          "response_message_ephemeral": bool(int(data.get("flags") or 0) & 64)}
+                          "response_message_ephemeral": bool(int(data.get("flags") or 0) & _FLAG_EPHEMERAL)}
         resource: JSON = {"type": kind}
         if message is not None:
             response["response_message_id"] = message["id"]

@@ -126,6 +126,12 @@ async def test_a_press_arrives_as_a_message_from_the_presser(sim: DiscordSimulat
     sim.user_presses(int(sent.message_id or 0), label="Approve everything like this")
     await sim.wait_for(lambda: len(inbox.events) == 2)
     assert inbox.events[1].text == LONG_COMMAND
+    # a new process without a state store has only the pressed button's label to go by
+    await adapter.disconnect()
+    _, fresh = await connect()
+    sim.user_presses(int(sent.message_id or 0), label="Approve everything like this")
+    await sim.wait_for(lambda: fresh.events)
+    assert fresh.events[0].text == "Approve everything like this"
 
 
 async def test_presses_in_threads_and_dms_are_placed_like_messages(sim: DiscordSimulator, connect: Any) -> None:
@@ -171,7 +177,8 @@ async def test_refused_and_failed_presses_are_still_acknowledged(sim: DiscordSim
         inbox.closing = True
         closing = sim.user_presses(int(sent.message_id or 0), "hermes:/yes")
         assert (await sim.wait_for_callback(int(closing["id"]))).type == 6
-        await sim.wait_for(lambda: len(inbox.events) == 2)
+        [note] = await sim.wait_for(lambda: sim.followups(int(closing["id"])))  # Discord will not deliver it again
+        assert (note["content"], note["flags"] & 64) == ("The gateway is restarting; press again in a moment.", 64)
         await asyncio.sleep(0.1)
         assert [e.event_id for e in inbox.events] == [f"press:{refused['id']}", f"press:{closing['id']}"]
         assert rejected == ["channel_not_allowed"]
@@ -309,10 +316,11 @@ async def test_unknown_expired_or_refused_commands(sim: DiscordSimulator) -> Non
         iid = int(refused["id"])
         await sim.wait_for(lambda: sim.calls_of("delete_original"))
         assert sim.callbacks(iid)[0].type == 5 and sim.original_response(iid) is None  # "thinking..." taken away
-        inbox.closing = True  # shutting down: nothing will answer this one either
+        inbox.closing = True  # shutting down: the invoker is told to try again
         closing = int(sim.user_invokes("status")["id"])
-        await sim.wait_for(lambda: len(sim.calls_of("delete_original")) == 2)
-        assert sim.callbacks(closing)[0].type == 5 and sim.original_response(closing) is None
+        note = "The gateway is restarting; run the command again in a moment."
+        await sim.wait_for(lambda: (sim.original_response(closing) or {}).get("content") == note)
+        assert sim.callbacks(closing)[0].type == 5 and len(sim.calls_of("delete_original")) == 1
 
         sim.expire_interaction(iid)  # as 15 minutes later: the token answers 401
         late = await adapter.send(str(GENERAL_ID), "too late", reply_to=f"interaction:{iid}")
@@ -320,3 +328,56 @@ async def test_unknown_expired_or_refused_commands(sim: DiscordSimulator) -> Non
         assert sim.calls_of("edit_original")[-1].status == 401
     finally:
         await adapter.disconnect()
+
+
+async def test_choices_can_answer_a_slash_command(sim: DiscordSimulator, connect: Any) -> None:
+    adapter, inbox = await connect()
+    await adapter.set_commands(MENU)
+    iid = int(sim.user_invokes("approve")["id"])
+    await sim.wait_for(lambda: inbox.events)
+    sent = await adapter.send_choices(str(GENERAL_ID), "Approve `ls`?", CHOICES[:2], reply_to=f"interaction:{iid}",
+                                      metadata={"delivery_id": "run:r1:0"})
+    original = sim.original_response(iid)
+    assert original is not None and sent.message_id == original["id"] and not sim.calls_of("create_message")
+    assert [b["custom_id"] for b in _buttons(original)] == ["hermes:/approve once 3f2a", "hermes:/deny 3f2a"]
+    press = sim.user_presses(int(original["id"]), "hermes:/deny 3f2a")
+    await sim.wait_for(lambda: len(inbox.events) == 2)
+    assert (inbox.events[1].text, inbox.events[1].metadata["pressed_message_id"]) == ("/deny 3f2a", original["id"])
+    assert sim.callbacks(int(press["id"]))[0].type == 6
+
+
+async def test_simulator_webhooks_and_command_rules(sim: DiscordSimulator, connect: Any) -> None:
+    """What the adapter does not use but Discord does: GET @original, follow-ups (the first one after a deferred
+    response replaces it), and the command rules Discord enforces on a bulk overwrite."""
+    adapter, _ = await connect()
+    await adapter.set_commands(MENU)
+    invoked = sim.user_invokes("status")
+    iid = int(invoked["id"])
+    await sim.wait_for_callback(iid)
+    hook = f"{sim.api_base_url}/webhooks/{BOT_ID}/{invoked['token']}"
+    bot = {"Authorization": f"Bot {sim.token}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{hook}/messages/@original") as r:
+            assert r.status == 200 and (await r.json())["flags"] & 128  # still "thinking..."
+        async with http.post(hook, params={"wait": "true"}, json={"content": "first"}) as r:
+            assert r.status == 200 and (await r.json())["id"] == sim.original_response(iid)["id"]  # type: ignore[index]
+        async with http.post(hook, params={"wait": "true"}, json={"content": "second"}) as r:
+            assert r.status == 200 and [m["content"] for m in sim.followups(iid)] == ["second"]
+        async with http.post(f"{sim.api_base_url}/webhooks/{BOT_ID}/forged", json={"content": "x"}) as r:
+            assert (r.status, (await r.json())["code"]) == (404, 10015)
+        commands = f"{sim.api_base_url}/applications/{BOT_ID}/commands"
+        for bad in ({"name": "Status", "description": "upper case"}, {"name": "x" * 33, "description": "long"},
+                    {"name": "ok", "description": ""}, {"name": "ok", "description": "d" * 101}):
+            async with http.put(commands, json=[bad], headers=bot) as r:
+                assert (r.status, (await r.json())["code"]) == (400, 50035), bad
+        async with http.put(commands, json=[{"name": "état-2", "description": "unicode letters are fine"}],
+                            headers=bot) as r:
+            assert r.status == 200
+        async with http.get(commands, headers=bot) as r:
+            assert [c["name"] for c in await r.json()] == ["état-2"]
+        async with http.put(f"{sim.api_base_url}/applications/{BOT_ID}/guilds/42/commands", json=[],
+                            headers=bot) as r:
+            assert (r.status, (await r.json())["code"]) == (404, 10004)
+    sim.expire_interaction(iid)
+    async with aiohttp.ClientSession() as http, http.get(f"{hook}/messages/@original") as r:
+        assert (r.status, (await r.json())["code"]) == (401, 50027)
