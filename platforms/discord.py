@@ -44,7 +44,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-import aiohttp
 import discord
 import yarl
 from discord import app_commands
@@ -65,7 +64,7 @@ from platforms.base import (
     SendResult,
 )
 from platforms.discord_cursors import Cursors
-from platforms.discord_interactions import Interactions, interaction_id, publish_menu
+from platforms.discord_interactions import NETWORK_ERRORS, Interactions, interaction_id, publish_menu
 from platforms.rich_text import discord_length, to_discord
 
 __all__ = ["DISCORD_API", "DiscordAdapter", "DiscordSettings", "DiscordStartupError", "delivery_nonce"]
@@ -82,7 +81,6 @@ _MAX_IDENTIFY_BACKOFF = 300.0
 _MAX_HELD = 10_000  # live messages held back while catching up; beyond that they are handed over at once
 _CURSOR_FLUSH_INTERVAL = 1.0
 _HANDLED_TYPES = frozenset({discord.MessageType.default, discord.MessageType.reply})
-_NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 _FATAL_CLOSE_CODES = {
     4004: "the gateway rejected the bot token (close 4004); check platforms.discord.token",
     4010: "invalid shard (close 4010); check platforms.discord.shard_count and shard_ids",
@@ -614,7 +612,7 @@ class DiscordAdapter(BasePlatformAdapter):
                 continue  # a guild channel this session cannot see (left, deleted, or its guild unavailable)
             try:
                 missed = await asyncio.wait_for(self._missed(channel, max(last, oldest)), self._request_timeout)
-            except (discord.HTTPException, *_NETWORK_ERRORS) as exc:
+            except (discord.HTTPException, *NETWORK_ERRORS) as exc:
                 logger.warning("discord: backfill of channel %s failed: %r", channel_id, exc)
                 continue
             for message in missed:  # outside the timeout: a hand-over is never cut off halfway
@@ -675,7 +673,7 @@ class DiscordAdapter(BasePlatformAdapter):
             try:  # answer the slash command; else post in the channel, replying to what this names
                 answer = await self._interactions.answer(self._rest, iid, text, view, self._mentions,
                                                          (metadata or {}).get("delivery_id"), self._request_timeout)
-            except (discord.RateLimited, discord.HTTPException, *_NETWORK_ERRORS) as exc:
+            except (discord.RateLimited, discord.HTTPException, *NETWORK_ERRORS) as exc:
                 return self._failure(exc, chat_id)
             except Exception as exc:  # the state store: try again later
                 return SendResult(success=False, error=f"discord: could not load slash command {iid}: {exc!r}",
@@ -754,7 +752,7 @@ class DiscordAdapter(BasePlatformAdapter):
             return
         try:
             await asyncio.wait_for(channel.typing(), self._request_timeout)
-        except (discord.HTTPException, *_NETWORK_ERRORS) as exc:
+        except (discord.HTTPException, *NETWORK_ERRORS) as exc:
             logger.debug("discord: typing in %s failed: %r", chat_id, exc)
 
     async def _request(self, call: Callable[[], Awaitable[discord.Message | None]], chat_id: str,
@@ -763,7 +761,7 @@ class DiscordAdapter(BasePlatformAdapter):
         waits out 429s up to max_ratelimit_timeout."""
         try:
             message = await asyncio.wait_for(call(), self._request_timeout)
-        except (discord.RateLimited, discord.HTTPException, *_NETWORK_ERRORS) as exc:
+        except (discord.RateLimited, discord.HTTPException, *NETWORK_ERRORS) as exc:
             return self._failure(exc, chat_id)
         return SendResult(success=True, message_id=str(message.id) if message is not None else message_id)
 

@@ -29,12 +29,13 @@ from discord import app_commands
 
 from platforms.base import Choice, MenuCommand, PlatformState
 
-_NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
-
-__all__ = ["INTERACTION_PREFIX", "Interactions", "PendingCommand", "Said", "interaction_id", "publish_menu",
-           "slash_commands"]
+__all__ = ["INTERACTION_PREFIX", "NETWORK_ERRORS", "Interactions", "PendingCommand", "Said", "interaction_id",
+           "publish_menu", "slash_commands"]
 
 logger = logging.getLogger(__name__)
+
+NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+"""What a request to Discord raises when the network, not Discord, failed."""
 
 INTERACTION_PREFIX = "interaction:"
 """``MessageEvent.message_id`` of a slash command: ``send(reply_to=...)`` with it answers the command."""
@@ -110,9 +111,10 @@ async def publish_menu(tree: app_commands.CommandTree[Any], commands: Sequence[M
                        guild_ids: Sequence[str], timeout: float) -> None:
     """Register ``slash_commands(commands)`` through ``tree`` (a bulk overwrite: commands no longer listed go),
     in each of ``guild_ids`` or, without any, globally. Failures are logged."""
+    menu = slash_commands(commands)
     for guild in [discord.Object(int(g)) for g in guild_ids] or [None]:
         tree.clear_commands(guild=guild)
-        for command in slash_commands(commands):
+        for command in menu:
             try:
                 tree.add_command(command, guild=guild)
             except app_commands.AppCommandError as exc:  # beyond Discord's 100 commands
@@ -120,7 +122,7 @@ async def publish_menu(tree: app_commands.CommandTree[Any], commands: Sequence[M
         where = f"in guild {guild.id}" if guild is not None else "globally"
         try:
             synced = await asyncio.wait_for(tree.sync(guild=guild), timeout)
-        except (discord.HTTPException, discord.RateLimited, *_NETWORK_ERRORS) as exc:
+        except (discord.HTTPException, discord.RateLimited, *NETWORK_ERRORS) as exc:
             logger.error("discord: could not register the slash commands %s: %r", where, exc)
             continue
         logger.info("discord: registered %d slash commands %s", len(synced), where)
@@ -211,7 +213,7 @@ class Interactions:
         DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE (5, "thinking..."). Returns whether Discord took it."""
         try:
             await asyncio.wait_for(interaction.response.defer(), timeout)
-        except (discord.HTTPException, discord.InteractionResponded, *_NETWORK_ERRORS) as exc:
+        except (discord.HTTPException, discord.InteractionResponded, *NETWORK_ERRORS) as exc:
             logger.warning("discord: could not acknowledge interaction %s: %r", interaction.id, exc)
             return False
         return True
@@ -242,7 +244,7 @@ class Interactions:
                 await asyncio.wait_for(interaction.edit_original_response(content=note), timeout)
             else:
                 await asyncio.wait_for(interaction.followup.send(note, ephemeral=True), timeout)
-        except (discord.HTTPException, *_NETWORK_ERRORS) as exc:
+        except (discord.HTTPException, *NETWORK_ERRORS) as exc:
             logger.info("discord: could not ask the user of interaction %s to try again: %r", interaction.id, exc)
 
     @staticmethod
@@ -250,7 +252,7 @@ class Interactions:
         """Delete a deferred response nothing will answer (a refused command); failures are logged."""
         try:
             await asyncio.wait_for(interaction.delete_original_response(), timeout)
-        except (discord.HTTPException, *_NETWORK_ERRORS) as exc:
+        except (discord.HTTPException, *NETWORK_ERRORS) as exc:
             logger.info("discord: could not remove the response to refused command %s: %r", interaction.id, exc)
 
     async def answer(self, client: discord.Client, iid: int, text: str, view: discord.ui.View | None,
