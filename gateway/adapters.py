@@ -34,7 +34,8 @@ def _discord(dc: DiscordPlatform, token: str) -> BasePlatformAdapter:
         token=token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
         shard_count=dc.shard_count, shard_ids=tuple(dc.shard_ids) if dc.shard_ids is not None else None,
         respond_in_guilds=dc.respond_in_guilds, allowed_guilds=frozenset(dc.allowed_guilds),
-        allowed_channels=frozenset(dc.allowed_channels), allow_mentions=dc.allow_mentions,
+        allowed_channels=frozenset(dc.allowed_channels), command_guilds=tuple(dc.command_guilds),
+        allow_mentions=dc.allow_mentions,
         max_ratelimit_timeout=dc.max_ratelimit_timeout, heartbeat_timeout=dc.heartbeat_timeout,
         guild_ready_timeout=dc.guild_ready_timeout, reconnect_backoff=dc.reconnect_backoff,
         backfill_window=dc.backfill_window, state_file=dc.state_file))

@@ -23,13 +23,15 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import model_tools
 from gateway import tokens
+from gateway.approvals import RUN, ApprovalGate, Verdict
 from gateway.config import ModelSettings
 from gateway.limits import RunBudget
 from gateway.metrics import Metrics
 from gateway.model_errors import ModelError, explain
 from gateway.steering import TakeSteered
 from gateway.store import ChatMessage, RunUsage
-from tools.clarify_tool import format_clarify_question
+from tools.clarify_tool import parse_clarify
+from tools.registry import tool_error, tool_result
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +68,9 @@ class ModelTurn:
 
 @dataclass(slots=True)
 class RunOutcome:
-    """What a finished agent loop produced; ``ended_by`` is "answer", "clarify", "budget", "max_turns", or the
-    finish_reason of an answer cut off ("length", "content_filter")."""
+    """What a finished agent loop produced; ``ended_by`` is "answer", "clarify", "approval" (calls wait for a
+    user's yes: ``pending``), "budget", "max_turns", or the finish_reason of an answer cut off ("length",
+    "content_filter")."""
 
     text: str
     transcript: list[ChatMessage] = field(default_factory=list)
@@ -80,6 +83,10 @@ class RunOutcome:
     """usage.prompt_tokens of the last model answer (None if unreported)."""
     model: str = ""
     """The model the loop asked (the session's choice, or ``model.name``)."""
+    choices: list[str] = field(default_factory=list)
+    """The answers a ``clarify`` question offers (shown as buttons)."""
+    pending: list[tuple[dict[str, Any], Verdict]] = field(default_factory=list)
+    """The calls waiting for a user's approval when ``ended_by`` is "approval" (gateway/approvals.py)."""
 
 
 def build_client(cfg: ModelSettings, max_connections: int = _SDK_MAX_CONNECTIONS) -> openai.AsyncOpenAI:
@@ -168,13 +175,25 @@ class Agent:
     async def run(self, messages: list[dict[str, Any]], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
                   on_text: OnText | None = None, cancel: threading.Event | None = None,
                   budget: RunBudget | None = None, model: str | None = None,
-                  usage: RunUsage | None = None, steer: TakeSteered | None = None) -> RunOutcome:
+                  usage: RunUsage | None = None, steer: TakeSteered | None = None, gate: ApprovalGate | None = None,
+                  approved: Sequence[dict[str, Any]] = ()) -> RunOutcome:
         """Drive the model (``model``, else ``model.name``) until it answers without tool calls (or ``max_turns``
         / the budget is reached). Each call's reported tokens are added to ``usage`` as they come, so it holds what
         was used even when the loop fails part way. Before each model call, the messages ``steer`` gives are added
-        as user messages (gateway/steering.py)."""
+        as user messages (gateway/steering.py). ``gate`` decides each tool call (run, ask, deny: a call to ask
+        about ends the loop with ``ended_by`` "approval"); ``approved`` calls, answered yes by the user, run first."""
         outcome = RunOutcome(text="", model=model or self.cfg.name)
         convo = list(messages)
+        if approved:
+            assistant = ChatMessage("assistant", None, list(approved))
+            outcome.transcript.append(assistant)
+            convo.append(assistant.to_openai())
+            for tc, (result, record) in zip(approved, await asyncio.gather(
+                    *(self._call_tool(tc, plan, tool_ctx, cancel) for tc in approved)), strict=True):
+                outcome.tool_calls.append(record)
+                tool_msg = ChatMessage("tool", result, tool_call_id=tc["id"])
+                outcome.transcript.append(tool_msg)
+                convo.append(tool_msg.to_openai())
         for _turn in range(self.cfg.max_turns):
             for steering in steer() if steer is not None else ():
                 message = ChatMessage("user", steering)
@@ -207,20 +226,42 @@ class Agent:
             stop = over_budget or (budget.charge_tools(len(tool_calls)) if budget is not None else None)
             if stop:
                 return self._end(outcome, stop, "budget")
-            results = await asyncio.gather(*(self._call_tool(tc, plan, tool_ctx, cancel) for tc in tool_calls))
-            question: str | None = None
-            for tc, (result, record) in zip(tool_calls, results, strict=True):
+            verdicts = await gate.check(tool_calls) if gate is not None else [RUN] * len(tool_calls)
+            ran = iter(await asyncio.gather(*(self._call_tool(tc, plan, tool_ctx, cancel)
+                                              for tc, v in zip(tool_calls, verdicts, strict=True)
+                                              if v.action == "run")))
+            question: tuple[str, list[str]] | None = None
+            for tc, verdict in zip(tool_calls, verdicts, strict=True):
+                result, record = next(ran) if verdict.action == "run" else self._held(tc, verdict)
+                if verdict.action == "ask":
+                    outcome.pending.append((tc, verdict))
                 outcome.tool_calls.append(record)
                 tool_msg = ChatMessage("tool", result, tool_call_id=tc["id"])
                 outcome.transcript.append(tool_msg)
                 convo.append(tool_msg.to_openai())
-                question = question or format_clarify_question(result)
+                question = question or parse_clarify(result)
+            if outcome.pending:
+                outcome.ended_by = "approval"  # the caller stores the request and writes the prompt
+                return outcome
             if question is not None:
-                outcome.text, outcome.ended_by = question, "clarify"
-                outcome.transcript.append(ChatMessage("assistant", question))
+                (outcome.text, outcome.choices), outcome.ended_by = question, "clarify"
+                outcome.transcript.append(ChatMessage("assistant", outcome.text))
                 return outcome
         return self._end(outcome, f"I stopped after {self.cfg.max_turns} steps without a final answer. "
                          "Ask me to continue, or narrow the request.", "max_turns")
+
+    @staticmethod
+    def _held(tc: dict[str, Any], verdict: Verdict) -> tuple[str, dict[str, Any]]:
+        """The result (for the model) and record of a call not run: refused, or waiting for the user's answer."""
+        if verdict.action == "deny":
+            result = tool_error(verdict.reason)
+        else:
+            result = tool_result(status="awaiting_approval", reasons=[d.reason for d in verdict.dangers],
+                                 note="Not run yet: the user was asked to approve it. Stop here; their decision "
+                                      "comes as the next message, with the result if they approve.")
+        record = {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"], "result": result,
+                  "seconds": 0.0, "error": verdict.action == "deny", "approval": verdict.action}
+        return result, record
 
     @staticmethod
     def _end(outcome: RunOutcome, text: str, reason: str) -> RunOutcome:

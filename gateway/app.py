@@ -15,6 +15,7 @@ from gateway import tokens
 from gateway.adapters import build_adapters, receives_on
 from gateway.agent import Agent, build_client, load_sdk_modules
 from gateway.api import api_routes
+from gateway.commands import menu_commands
 from gateway.config import Config
 from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.cron import CronService, StoreCronBackend
@@ -182,6 +183,8 @@ class Gateway:
             receive = receives_on(cfg, name) == "all" or self.coordinator.is_leader
             try:
                 await adapter.connect(self.router.on_message, receive=receive)
+                if receive:  # the native command menu (one replica publishes it)
+                    await adapter.set_commands(menu_commands(cfg))
             except Exception as exc:  # one broken platform never stops the others
                 logger.error("platform %s failed to start: %s", name, exc)
         if not self.local:

@@ -14,12 +14,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import model_tools
-from gateway.agent import Agent, message_tokens, trim_history
+from gateway.agent import Agent, RunOutcome, message_tokens, trim_history
+from gateway.approvals import ApprovalGate, ApprovalPolicy, insert_approval, new_approval
+from gateway.approvals import prompt as approval_prompt
 from gateway.config import Config
 from gateway.limits import RunBudget, Usage, UserBudgets
 from gateway.logs import redactor
@@ -36,7 +38,7 @@ from gateway.session_summary import ContextCompressor, PreparedHistory
 from gateway.steering import SteerBox, TakeSteered
 from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, RunUsage, SessionRef, Store
 from gateway.tool_progress import start_progress, stop_progress
-from platforms.base import BasePlatformAdapter, MessageEvent, split_message
+from platforms.base import BasePlatformAdapter, Choice, MessageEvent, split_message
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +200,7 @@ class RunExecutor:
         self.compressor = ContextCompressor(cfg.model, store, agent) if cfg.model.context_tokens else None
         self.resets = ResetPolicy.from_config(cfg)
         self.reactions = Reactions(cfg, adapters)
+        self.approvals = ApprovalPolicy(cfg)
 
     def plan_for(self, toolsets: list[str]) -> model_tools.ToolPlan:
         """The tool plan for a run using ``toolsets``."""
@@ -328,6 +331,7 @@ class RunExecutor:
         done = RunCompletion(job.run_id, job.inbox_id, status="completed", session_key=job.session_key,
                              epoch=context.epoch)
         budget: RunBudget | None = None
+        choices: list[Choice] = []  # buttons under the answer (an approval prompt's)
         try:
             plan = self.plan_for(job.toolsets)
             # A cron event's user_id is its owner's user key, so scheduled runs see the owner's memory.
@@ -349,8 +353,15 @@ class RunExecutor:
                 messages, history = await self._messages(job, context, tool_ctx["user_key"], budget, model)
                 usage.add(history.prompt_tokens, history.tokens - history.prompt_tokens)
                 on_text = preview.update if preview else events.text if job.kind == "api" else None
+                gate = ApprovalGate(self.approvals, self.store, kind=job.kind, source=job.source,
+                                    toolsets=job.toolsets, user_key=user_key, session_key=job.session_key,
+                                    workspace=tool_ctx["workspace"])
                 outcome = await self.agent.run(messages, plan, tool_ctx, on_text=on_text, cancel=cancel,
-                                               budget=budget, model=model, usage=usage, steer=self._steer(job))
+                                               budget=budget, model=model, usage=usage, steer=self._steer(job),
+                                               gate=gate, approved=json.loads(e.metadata.get("approval_calls", "[]")))
+                if outcome.pending:
+                    choices = self._pause(job, outcome, done, tool_ctx["user_key"])
+                choices = choices or [Choice(label) for label in outcome.choices]
                 await self._record_usage(job, context, outcome.prompt_tokens)
                 # The answer is delivered and the transcript stored (and shown to the model again): neither may
                 # carry a secret the model (or the user) echoed, plain or encoded.
@@ -398,7 +409,7 @@ class RunExecutor:
             text = done.result
             if context.reset is not None and self.resets is not None:  # said once: this run is the reset's
                 text = f"{self.resets.notice(context.reset)}\n\n{text}"
-            parts = functools.partial(self._parts, job, text, preview.message_id if preview else None)
+            parts = functools.partial(self._parts, job, text, preview.message_id if preview else None, choices)
             done.deliveries = await asyncio.to_thread(parts) if len(text) > LONG_ANSWER else parts()
         done.charge = budget.user_charge() if budget is not None else None
         stored = await self.store.finish_run(done, self.outbox.claim)
@@ -438,7 +449,24 @@ class RunExecutor:
             return [message.text for message, _ in taken]
         return take
 
-    def _parts(self, job: RunJob, text: str, preview_id: str | None) -> list[OutboxPart]:
+    def _pause(self, job: RunJob, outcome: RunOutcome, done: RunCompletion, user_key: str) -> list[Choice]:
+        """The run waits for its user's yes: the approval request is stored with its completion, and its answer is
+        the prompt (returned: the prompt's buttons)."""
+        e, settings = job.event, self.cfg.approvals
+        calls = [{"id": tc["id"], "name": tc["function"]["name"], "arguments": tc["function"]["arguments"],
+                  "patterns": [d.pattern for d in verdict.dangers], "reasons": [d.reason for d in verdict.dangers]}
+                 for tc, verdict in outcome.pending]
+        origin = {"platform": e.platform, "chat_id": e.chat_id, "chat_type": e.chat_type, "thread_id": e.thread_id,
+                  "user_id": e.user_id, "user_name": e.user_name}
+        approval = new_approval(job.session_key, job.run_id, origin, user_key, calls, settings.timeout_minutes * 60)
+        outcome.text, choices = approval_prompt(approval, e.user_name, settings.timeout_minutes)
+        outcome.transcript.append(ChatMessage("assistant", outcome.text))
+        done.effects.append(functools.partial(insert_approval, approval=approval))
+        logger.info("run %s waits for approval %s of %s", job.run_id, approval.id, approval.patterns())
+        return choices
+
+    def _parts(self, job: RunJob, text: str, preview_id: str | None,
+               choices: Sequence[Choice] = ()) -> list[OutboxPart]:
         if job.kind == "background":  # the chat goes on meanwhile: say which task this answers
             text = f"Background task {job.source}: {text}"
         target = job.target
@@ -451,7 +479,8 @@ class RunExecutor:
         return [OutboxPart(dedupe_key=f"run:{job.run_id}:{i}", platform=target.platform, chat_id=target.chat_id,
                            text=chunk, thread_id=target.thread_id, reply_to=target.reply_to if i == 0 else None,
                            edit_message_id=preview_id if i == 0 else None, part_index=i, parts_total=len(chunks),
-                           run_id=job.run_id, lane=lane) for i, chunk in enumerate(chunks)]
+                           run_id=job.run_id, lane=lane, choices=tuple(choices) if i == len(chunks) - 1 else ())
+                for i, chunk in enumerate(chunks)]
 
     async def give_up_if_exhausted(self, job: RunJob) -> bool:
         """Before an unfinished run is started again: when the gateway stopped during each of its

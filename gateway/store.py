@@ -227,6 +227,8 @@ def _finish_run(conn: Connection, done: RunCompletion, now: float, claim: Claim 
                                      "created_at": now})
     if done.charge is not None:
         charge_user(conn, done.charge, now)
+    for effect in done.effects:
+        effect(conn)
     return _store_parts(conn, done.deliveries, now, claim, skip_existing=False)
 
 

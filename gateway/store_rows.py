@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy.engine import Connection
 
 from gateway.shared_limits import UserCharge
 from gateway.steering import Steered
@@ -178,6 +181,8 @@ class RunCompletion:
     """Messages steered into the run (gateway/steering.py): their inbox events and runs end with it."""
     charge: UserCharge | None = None
     """What the run used of its user's hourly budgets (gateway/limits.py)."""
+    effects: list[Callable[[Connection], object]] = field(default_factory=list)
+    """Other changes stored with the completion, in its transaction (an approval request: gateway/approvals.py)."""
 
 
 @dataclass(slots=True)

@@ -31,8 +31,9 @@ def _clarify(args: dict[str, Any], **ctx: Any) -> str:
     return tool_result(question=question.strip(), choices=[c.strip() for c in choices], ends_turn=True)
 
 
-def format_clarify_question(result_json: str) -> str | None:
-    """The chat message for a clarify result (question, then numbered choices); None for other results."""
+def parse_clarify(result_json: str) -> tuple[str, list[str]] | None:
+    """The chat message for a clarify result (question, then numbered choices) and its choices (the gateway shows
+    them as buttons too, where the platform has them); None for other results."""
     try:
         payload = json.loads(result_json)
     except (TypeError, ValueError):
@@ -40,11 +41,17 @@ def format_clarify_question(result_json: str) -> str | None:
     if not isinstance(payload, dict) or payload.get("ends_turn") is not True:
         return None
     question, choices = payload.get("question"), payload.get("choices", [])
-    if not isinstance(question, str) or not isinstance(choices, list):
+    if not isinstance(question, str) or not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
         return None
     if not choices:
-        return question
-    return question + "\n\n" + "\n".join(f"{n}. {choice}" for n, choice in enumerate(choices, 1))
+        return question, []
+    return question + "\n\n" + "\n".join(f"{n}. {choice}" for n, choice in enumerate(choices, 1)), choices
+
+
+def format_clarify_question(result_json: str) -> str | None:
+    """The chat message for a clarify result (see ``parse_clarify``); None for other results."""
+    parsed = parse_clarify(result_json)
+    return parsed[0] if parsed is not None else None
 
 
 registry.register(

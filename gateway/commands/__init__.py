@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from gateway.commands import background, busy, conversation, core, preferences, usage  # noqa: F401  (they register their commands)
+from gateway.commands import approvals, background, busy, conversation, core, preferences, usage  # noqa: F401  (they register their commands)
 from gateway.commands.base import (
     ALIASES,
     COMMANDS,
@@ -20,10 +20,10 @@ from gateway.commands.base import (
     McpControl,
     ParsedCommand,
 )
-from gateway.commands.permissions import admin_only, enabled
+from gateway.commands.permissions import admin_only, enabled, menu_commands
 
 __all__ = ["ALIASES", "COMMANDS", "CommandContext", "CommandHost", "CronControl", "McpControl", "ParsedCommand",
-           "for_another_bot", "parse_command", "run_command"]
+           "for_another_bot", "menu_commands", "parse_command", "run_command"]
 
 
 _OTHER_BOT_COMMAND = re.compile(r"/[A-Za-z0-9_]{1,32}@([A-Za-z][A-Za-z0-9_]{2,31}[Bb][Oo][Tt])(?:\s|$)")

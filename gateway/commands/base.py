@@ -11,6 +11,7 @@ from typing import Protocol
 
 from sqlalchemy.engine import Connection
 
+from gateway.approvals import Approval
 from gateway.config import Config
 from gateway.session_settings import SettingsStore
 from gateway.session_summary import PreparedHistory
@@ -101,6 +102,10 @@ class CommandHost(Protocol):
     def start_background(self, ctx: CommandContext, prompt: str) -> str:
         """Accept ``prompt`` as a background task of the command's chat (with the command's reply); its id."""
 
+    def answer_approval(self, ctx: CommandContext, approval: Approval, status: str, scope: str | None = None,
+                        reason: str | None = None) -> None:
+        """Record the answer to a waiting approval and resume its run, with the command's reply."""
+
     async def approve_pairing(self, event: MessageEvent, code: str) -> str:
         """Approve a pairing code if the sender is an admin; the reply text."""
 
@@ -117,6 +122,8 @@ class CommandContext:
     """Stored with the reply, atomically (see ``Effect``)."""
     after: list[Callable[[], None]] = field(default_factory=list)
     """Called once the reply and the effects are stored (e.g. start a run the effects accepted)."""
+    replace_pressed: bool = False
+    """The reply replaces the message whose button sent the command (its buttons go): the answer to a prompt."""
 
 
 Handler = Callable[[CommandContext], Awaitable[str]]

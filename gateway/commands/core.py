@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+from gateway.approvals import end_conversation
 from gateway.commands.background import background_tasks, stop_background
 from gateway.commands.base import ALIASES, COMMANDS, CommandContext, command
 from gateway.commands.permissions import admin_only, enabled
@@ -25,7 +26,8 @@ async def _help(ctx: CommandContext) -> str:
 @command("new", "start a new conversation", aliases=("reset",))
 async def _new(ctx: CommandContext) -> str:
     ctx.effects += [functools.partial(bump_epoch, key=ctx.session_key),
-                    functools.partial(clear_title, key=ctx.session_key)]
+                    functools.partial(clear_title, key=ctx.session_key),
+                    functools.partial(end_conversation, key=ctx.session_key)]
     return "Started a new conversation. Earlier messages are forgotten."
 
 

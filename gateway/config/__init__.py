@@ -6,6 +6,7 @@ to fix it; all problems found in one pass are reported together. Modules by conc
 ``root`` (the whole config), ``store``, ``platforms`` and ``sections`` (the rest).
 """
 
+from gateway.config.approvals import ApprovalMode, ApprovalSettings
 from gateway.config.base import _CHAT_PLATFORMS
 from gateway.config.discovery import cli_command, discover_config, dotenv_file, gateway_home, load_env_file
 from gateway.config.errors import ConfigError
@@ -42,6 +43,8 @@ from gateway.config.store import StoreSettings
 
 __all__ = [
     "_CHAT_PLATFORMS",
+    "ApprovalMode",
+    "ApprovalSettings",
     "AuthSettings",
     "CallbackPlatform",
     "CallbackTarget",

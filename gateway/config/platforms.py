@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.config.approvals import ApprovalMode, Patterns
 from gateway.config.base import (
     _CHAT_PLATFORMS,
     _check_http_url,
@@ -99,6 +100,9 @@ class WebhookRoute(_Section):
     tolerance_seconds: int = Field(300, ge=1)
     replay_window_seconds: int = Field(int(DEFAULT_REPLAY_WINDOW), ge=1)
     allow_unsigned_id: bool = False
+    # Nobody can answer a webhook run's approval prompt: calls that would need one are denied, unless listed here.
+    approvals: ApprovalMode = "dangerous"
+    approvals_allow: Patterns = Field(default_factory=list)
 
     @field_validator("secret")
     @classmethod
@@ -475,6 +479,8 @@ class DiscordPlatform(ChatPlatform):
     respond_in_guilds: Literal["mention", "always"] = "mention"
     allowed_guilds: list[str] = Field(default_factory=list)
     allowed_channels: list[str] = Field(default_factory=list)
+    # Guilds whose slash commands are registered per guild (shown at once); empty: global commands.
+    command_guilds: list[str] = Field(default_factory=list)
     allow_mentions: bool = False
     max_ratelimit_timeout: float = Field(30.0, ge=30)  # discord.py's minimum
     heartbeat_timeout: float = Field(60.0, gt=0)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, SecretStr, field_validator
 
+from gateway.config.approvals import ApprovalSettings
 from gateway.config.base import _Section, _StrOrList, _ToolsetPlatform, _unknown_toolsets
 from gateway.config.errors import _raise_if
 from gateway.config.platforms import Platforms
@@ -67,6 +68,7 @@ class Config(_Root):
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     commands: CommandSettings = Field(default_factory=CommandSettings)
     sessions: SessionPolicy = Field(default_factory=SessionPolicy)
+    approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
 
     @field_validator("toolsets")
     @classmethod
