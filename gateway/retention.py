@@ -42,12 +42,14 @@ from gateway.config.store import RetentionSettings
 from gateway.db import Database, SqliteDatabase, normalize_url
 from gateway.pairing import CODE_MESSAGE_INTERVAL, LOCKOUT_SECONDS
 from gateway.schema import (
+    approvals_t,
     inbox_t,
     messages_t,
     metadata,
     outbox_t,
     pairing_codes_t,
     pairing_failures_t,
+    platform_state_t,
     run_usage_t,
     runs_t,
     session_summaries_t,
@@ -62,7 +64,8 @@ logger = logging.getLogger(__name__)
 BATCH_PAUSE = 0.05  # seconds between two batches: other writers go first
 VACUUM_STEP = 512  # SQLite pages handed back per write (2 MiB at the default page size)
 VACUUM_RESERVE = 0.1  # free pages kept for new rows, as a share of the file, before any are handed back
-KINDS = ("events", "dedupe", "transcripts", "summaries", "outbox", "usage", "pairing", "limits")
+KINDS = ("events", "dedupe", "transcripts", "summaries", "outbox", "usage", "approvals", "interactions", "pairing",
+         "limits")
 
 
 @dataclass(slots=True)
@@ -151,6 +154,8 @@ def _per_platform(cron: float | None, other: float | None) -> Any:
 
 _RUN_UNFINISHED = sa.exists().where(runs_t.c.id == inbox_t.c.run_id, runs_t.c.status.not_in(FINAL_RUN_STATES))
 _PRUNED = "pruned"  # an inbox row kept only for its dedupe key
+INTERACTION_STATE_PREFIX = "discord:interaction:"
+"""platform_state keys of Discord interaction tokens (platforms/discord_interactions.py writes them)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -217,6 +222,13 @@ def _kinds(cut: _Cutoffs) -> list[_Kind]:
                            outbox_t.c.status == "failed", outbox_t.c.created_at, cut.outbox))
     if cut.usage is not None:
         kinds.append(_Kind("usage", run_usage_t, run_usage_t.c.run_id, run_usage_t.c.created_at < cut.usage))
+    if cut.events is not None:  # answered approval requests go with the events they answered
+        answered = sa.and_(approvals_t.c.status != "pending", approvals_t.c.decided_at < cut.events)
+        kinds.append(_Kind("approvals", approvals_t, approvals_t.c.id, answered))
+    # Discord interaction tokens kept for answering slash commands after a restart: dead after 15 minutes.
+    state = platform_state_t
+    kinds.append(_Kind("interactions", state, state.c.key, sa.and_(state.c.key.like(f"{INTERACTION_STATE_PREFIX}%"),
+                                                                   state.c.updated_at < cut.now - 86400)))
     kinds.append(_Kind("pairing", pairing_codes_t, pairing_codes_t.c.code,
                        pairing_codes_t.c.expires_at < cut.pairing_codes))
     kinds.append(_Kind("pairing", pairing_failures_t, pairing_failures_t.c.id,

@@ -385,3 +385,37 @@ async def test_limit_rows_that_no_longer_limit_anything_go(store: Store) -> None
     assert [r.user_key for r in await store.db.read(lambda c: c.execute(sa.select(user_usage_t)).all())] == ["u:now"]
     kept = await store.db.read(lambda c: c.execute(sa.select(user_rate_limits_t.c.user_key)).scalars().all())
     assert kept == ["u:draining"]
+
+
+async def test_answered_approvals_and_dead_interaction_tokens_go(store: Store) -> None:
+    """Approval requests answered before the events' window go, waiting ones stay whatever their age; Discord
+    interaction tokens a day old go (they die after 15 minutes), other platform state stays."""
+    from gateway.approvals import APPROVED, decide, insert_approval, new_approval
+    from gateway.retention import INTERACTION_STATE_PREFIX
+    from gateway.schema import approvals_t, platform_state_t
+    from platforms.discord_interactions import _INTERACTION_KEY
+
+    assert INTERACTION_STATE_PREFIX == _INTERACTION_KEY
+    origin = {"platform": "telegram", "chat_id": "1", "chat_type": "dm", "user_id": "1", "user_name": "a"}
+    old, waiting, recent = (new_approval("s", f"run-{n}", origin, "telegram:1", [], 60) for n in range(3))
+    now = time.time()
+
+    def setup(conn: Any) -> None:
+        for approval in (old, waiting, recent):
+            insert_approval(conn, approval)
+        decide(conn, old, APPROVED, "a")
+        decide(conn, recent, APPROVED, "a")
+        conn.execute(approvals_t.update().where(approvals_t.c.id.in_([old.id, waiting.id]))
+                     .values(decided_at=approvals_t.c.decided_at - 2 * DAY, created_at=now - 2 * DAY))
+        conn.execute(platform_state_t.insert(), [
+            {"key": f"{INTERACTION_STATE_PREFIX}1", "value": "t", "updated_at": now - 2 * DAY},
+            {"key": f"{INTERACTION_STATE_PREFIX}2", "value": "t", "updated_at": now - 60},
+            {"key": "telegram:offset", "value": "9", "updated_at": now - 2 * DAY}])
+
+    await store.db.write(setup)
+    report = await prune(store, RULES, pause=0)
+    assert report.rows["approvals"] == 1 and report.rows["interactions"] == 1
+    left = await store.db.read(lambda c: sorted(c.execute(sa.select(approvals_t.c.id)).scalars()))
+    assert left == sorted([waiting.id, recent.id])
+    keys = await store.db.read(lambda c: sorted(c.execute(sa.select(platform_state_t.c.key)).scalars()))
+    assert keys == [f"{INTERACTION_STATE_PREFIX}2", "telegram:offset"]
