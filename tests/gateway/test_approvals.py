@@ -218,25 +218,26 @@ async def test_always_skips_the_prompt_next_time(tg: tuple[TelegramSimulator, Mo
     assert build.exists()
 
 
-async def test_a_restart_between_prompt_and_answer_completes_once(tg: tuple[TelegramSimulator, Model, Start],
-                                                                  tmp_path: Path) -> None:
+async def test_a_restart_between_prompt_and_press_completes_once(tg: tuple[TelegramSimulator, Model, Start],
+                                                                 tmp_path: Path) -> None:
     sim, model, start = tg
     build = _build_dir(tmp_path)
-    marker = tmp_path / "workspace" / "ran.log"
     first = await start()
-    approval_id = await _ask(sim)
+    approval_id, prompt_id = await _ask_for_buttons(sim)
     await first.stop(drain_timeout=1)
     second = await start()
     assert (await _approval_row(second, approval_id)).status == "pending"
     before = len(sim.sent_messages(CHAT))
-    sim.user_sends(f"/approve {approval_id}")
-    assert (await _next_text(sim, CHAT, before)).startswith("✅ Approved")
-    assert (await _next_text(sim, CHAT, before + 1)).startswith("Tool said:")
+    sim.user_presses(prompt_id, "Approve once")
+    assert (await _next_text(sim, CHAT, before)).startswith("Tool said:")
     assert not build.exists()
-    # The command ran exactly once: one tool result with its output reached the model.
-    ran = [c for c in _terminal_runs(model) if '"exit_code"' in c]
-    assert len(ran) == 1, ran
-    assert not marker.exists()
+    await sim.wait_for(lambda: _shown(sim, CHAT, prompt_id).startswith("✅ Approved"), timeout=10)
+    # The command ran exactly once: one tool result with its output reached the model, one answer was sent.
+    assert len([c for c in _terminal_runs(model) if '"exit_code"' in c]) == 1
+    await second.stop(drain_timeout=1)
+    third = await start()  # nothing is left to resume: no second run, no second answer
+    assert await third.store.unfinished_inbox() == []
+    assert len(sim.sent_messages(CHAT)) == before + 1
 
 
 def _report_tool(request: JSON) -> Turn:
