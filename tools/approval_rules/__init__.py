@@ -47,7 +47,7 @@ Patterns (``PATTERNS`` holds the same ids with a one-line description each):
 ``terminal:network``
     only with ``network=True``: curl, wget, nc/ncat/netcat, socat, telnet, ftp, lftp, ssh, scp,
     sftp, mosh, rsync to a host, ping, dig, nslookup, host, traceroute, whois, gh, http/xh, git
-    clone/fetch/pull/push/ls-remote/submodule/remote update, and every package install.
+    clone/fetch/pull/push/ls-remote/submodule/remote update, aria2c, and every package install.
 ``terminal:opaque``
     what the classifier cannot see through, so it must ask: unbalanced quotes and other parse
     errors, input over ``MAX_COMMAND_CHARS`` or too deeply nested or too costly to inspect, a
@@ -78,6 +78,12 @@ expands braces only in unquoted words, does not link a download saved to a file 
 execution (``curl -o x.sh URL && sh x.sh``: only ``terminal:network``), and does not inspect what
 ``ssh host CMD`` runs on the other host. ``cd`` is followed conservatively: once a command leaves
 the workspace, relative targets count as outside for the rest of the command, subshells included.
+Some valid shell it cannot tokenize and so reports as opaque (asks rather than guesses): a
+double-quoted ``$( )`` whose own quoted arguments hold blanks (``"$(echo "a b")"``), a ``case``
+pattern holding parentheses, a here-document inside multi-word backquotes.
+
+Layout: ``_shell`` (tokens and parse), ``_check`` (the scan, dispatch, paths, ``PATTERNS``) and
+``_commands`` (what each command family is checked for).
 """
 
 from __future__ import annotations

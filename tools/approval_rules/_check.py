@@ -72,6 +72,8 @@ class Danger:
 
 @dataclass(slots=True)
 class Scan:
+    """The state of one classification: its settings, budget, current directory and the dangers found."""
+
     workspace: str | None
     network: bool
     budget: Budget
@@ -81,6 +83,7 @@ class Scan:
     found: dict[str, Danger] = field(default_factory=dict)
 
     def add(self, pattern: str, reason: str) -> None:
+        """Record a danger unless its pattern was already found (the first reason wins)."""
         if pattern not in self.found:
             line = " ".join(reason.split())
             clipped = line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 3] + "..."
@@ -110,6 +113,7 @@ def check_script(text: str, scan: Scan) -> None:
 
 
 def check_command(cmd: Cmd, scan: Scan) -> None:
+    """Check one simple command: its words (braces expanded) and its redirections."""
     if cmd.words and not cmd.header:
         check_argv(expand_braces(cmd.words, scan.budget), cmd, scan, 0)
     for redirect in cmd.redirects:
@@ -119,6 +123,7 @@ def check_command(cmd: Cmd, scan: Scan) -> None:
 
 
 def check_argv(argv: list[Word], cmd: Cmd, scan: Scan, hops: int) -> None:
+    """Check the command ``argv`` runs, through wrappers (``hops`` of them so far), with its family's handler."""
     head, shown = argv[0], show(argv)
     if head.dynamic:
         if (download := download_in(head)) is not None:
@@ -151,6 +156,7 @@ def check_argv(argv: list[Word], cmd: Cmd, scan: Scan, hops: int) -> None:
 
 
 def show(words: Sequence[Word]) -> str:
+    """Words as a reason quotes them."""
     return " ".join(word.text for word in words)
 
 
@@ -229,6 +235,7 @@ def resolve(path: str, scan: Scan) -> str | None:
 
 
 def check_targets(targets: Sequence[Word], shown: str, scan: Scan) -> None:
+    """Flag the first target written to that is outside the workspace (or cannot be known)."""
     for target in targets:
         if target.text and target.text not in _HARMLESS_TARGETS and resolve(target.text, scan) is None:
             what = "write to a path computed at run time" if target.text[0] in "$`" else "write outside the workspace"

@@ -33,6 +33,7 @@ from tools.approval_rules._shell import (
 
 
 def _cd(argv: list[Word], cmd: Cmd, scan: Scan, hops: int) -> None:
+    """Follow the current directory, so later relative targets resolve from it."""
     operands = [word.text for word in argv[1:] if word.text == "-" or not word.text.startswith("-")]
     scan.cwd = resolve(operands[0], scan) if operands and operands[0] != "-" else None
 

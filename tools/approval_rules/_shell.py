@@ -91,11 +91,13 @@ class Lexer:
         self._queue.clear()
 
     def peek(self) -> _Tok | None:
+        """The next token, left in place; None at the end."""
         if not self._queue:
             self._fill()
         return self._queue[0] if self._queue else None
 
     def next(self) -> _Tok | None:
+        """The next token, consumed; None at the end."""
         tok = self.peek()
         if tok is not None:
             self._queue.popleft()
@@ -103,6 +105,8 @@ class Lexer:
 
     def read_heredocs(self, start: int, docs: list[Redirect]) -> None:
         """Read the bodies of ``docs`` from ``start`` (the line after their command) and lex on after them."""
+        if start < 0:
+            raise Opaque("here-document without a line end")
         pos, text = start, self.text
         for doc in docs:
             lines = []
@@ -132,7 +136,9 @@ class Lexer:
         self._pushed = not self._source.eof and end > begin and self.text[end - 1] not in " \t\r"
         self._end = end
         if raw and all(ch in _PUNCTUATION for ch in raw) and not _QUOTING.intersection(span[:-1]):
-            line_ends = iter([i + 1 for i in range(begin, end) if self.text[i] == "\n" and self.text[i - 1] != "\\"])
+            line_ends = iter(
+                [i + 1 for i in range(begin, end) if self.text[i] == "\n" and self.text[i - 1 : i] != "\\"]
+            )
             i = 0
             while i < len(raw):
                 op = next(o for o in _OPERATORS if raw.startswith(o, i))
@@ -164,17 +170,22 @@ class _TokenList:
 
 @dataclass(slots=True, eq=False)
 class Word:
+    """One word of a command, with the commands of the substitutions inside it."""
+
     text: str  # unquoted, unexpanded
     quoted: bool = False
     subs: list[Cmd] = field(default_factory=list)  # commands of its substitutions
 
     @property
     def dynamic(self) -> bool:
+        """Whether its value is only known when it runs (a variable or a substitution)."""
         return "$" in self.text or "`" in self.text or bool(self.subs)
 
 
 @dataclass(slots=True, eq=False)
 class Redirect:
+    """A redirection of a command: its operator and target."""
+
     op: str
     target: Word  # for a here-document, its delimiter
     body: str | None = None  # a here-document's text, once read
@@ -193,6 +204,7 @@ class Cmd:
 
 
 def is_assignment(text: str) -> bool:
+    """Whether a word is a NAME=value assignment."""
     name, eq, _ = text.partition("=")
     name = name.removesuffix("+").partition("[")[0]
     return bool(eq) and name.isascii() and name.isidentifier()
@@ -236,6 +248,7 @@ class Parser:
         return self.stream.peek()
 
     def take(self) -> _Tok | None:
+        """Consume a token; a newline after ``<<`` operators reads their here-documents first."""
         tok = self.stream.next()
         if tok is not None and tok.op and tok.text == "\n" and self.heredocs:
             docs, self.heredocs = self.heredocs, []
@@ -247,6 +260,7 @@ class Parser:
         return tok
 
     def parse_text(self, text: str) -> list[Cmd]:
+        """Parse a substitution's text one level deeper; its commands join ``out`` and are returned."""
         return self._sub_parse(Lexer(text, self.budget))
 
     def _sub_parse(self, stream: Lexer | _TokenList) -> list[Cmd]:
@@ -255,6 +269,7 @@ class Parser:
         return self.out[first:]
 
     def nested(self, ends: frozenset[str]) -> str | None:
+        """A command list one level deeper, up to one of ``ends``."""
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise Opaque("nested too deeply")
@@ -264,6 +279,7 @@ class Parser:
             self.depth -= 1
 
     def nested_commands(self) -> list[Cmd]:
+        """The commands of a nested list closed by ``)``: $( ), <( ), >( )."""
         first = len(self.out)
         self.nested(frozenset({")"}))
         return self.out[first:]
@@ -288,6 +304,7 @@ class Parser:
         return None
 
     def parse_pipeline(self) -> None:
+        """Stages joined by ``|``: later stages are marked piped, and fed by the first download before them."""
         feeder: Cmd | None = None
         piped = False
         while True:
@@ -307,6 +324,7 @@ class Parser:
                 self.take()
 
     def parse_stage(self) -> None:
+        """One pipeline stage: a subshell, a compound command or a simple command."""
         while True:
             tok = self.peek()
             if tok is None:
@@ -345,6 +363,7 @@ class Parser:
             return
 
     def parse_case(self) -> None:
+        """The ``pattern) commands ;;`` items of a case, up to ``esac``."""
         while True:
             while (tok := self.peek()) is not None and tok.op and tok.text in _SEPARATORS:
                 self.take()
@@ -369,6 +388,7 @@ class Parser:
             self.redirect(cmd, tok)
 
     def parse_simple(self, *, header: bool = False, stop: str | None = None) -> None:
+        """Words and redirections up to an operator (or the word ``stop``), as one command."""
         cmd = Cmd(header=header)
         self.out.append(cmd)
         last: Word | None = None  # the word just read, while nothing else has followed it
@@ -408,9 +428,11 @@ class Parser:
             last = None
 
     def process_substitution(self, op: _Tok) -> Word:
+        """The word a ``<( )`` or ``>( )`` stands for, carrying its commands."""
         return Word(op.text + "...)", subs=self.nested_commands())
 
     def redirect(self, cmd: Cmd, op: _Tok) -> None:
+        """The target of redirection ``op``; a ``<<`` delimiter queues a here-document for the line's end."""
         target = self.take()
         if target is not None and target.op and target.text in ("<(", ">("):  # sh < <(curl ...)
             cmd.redirects.append(Redirect(op.text, self.process_substitution(target)))
@@ -432,6 +454,7 @@ class Parser:
         self.heredocs.append(doc)
 
     def word(self, tok: _Tok) -> Word:
+        """A word token with its substitutions parsed (a backquote may run on over the next tokens)."""
         text, tail, inner = tok.text, "", []
         if text.count("`") % 2:  # a backquote left open: its command runs on over the next tokens
             text, _, first = text.rpartition("`")
@@ -455,6 +478,7 @@ class Parser:
 
 
 def command_name(text: str) -> str:
+    """The basename a command word runs: /bin/rm -> rm."""
     return text.rsplit("/", 1)[-1]
 
 
@@ -502,10 +526,12 @@ def options(args: Sequence[Word], valued: frozenset[str], *, permute: bool) -> t
 
 
 def flag_set(opts: Options) -> set[str]:
+    """The flags given, without their values."""
     return {flag for flag, _ in opts}
 
 
 def option_values(opts: Options, names: Sequence[str]) -> list[str]:
+    """The non-empty values given to any of the options ``names``."""
     return [value for flag, value in opts if flag in names and value]
 
 
@@ -531,7 +557,6 @@ def unwrap(spec: _Wrapper, args: Sequence[Word]) -> tuple[list[Word], list[str]]
     if spec.positional:  # options may follow the positional operands too: flock FILE -c CMD
         opts, rest = options(rest[spec.positional :], spec.valued | spec.scripts, permute=False)
         scripts += option_values(opts, tuple(spec.scripts))
-        return rest, scripts
     return rest, scripts
 
 
@@ -588,8 +613,10 @@ def command_names(words: list[Word]) -> Iterator[str]:
 
 
 def downloads(cmd: Cmd) -> bool:
+    """Whether a command (or the command its wrappers run) prints something fetched from the network."""
     return not cmd.header and any(name in _FETCHERS for name in command_names(cmd.words))
 
 
 def download_in(word: Word) -> Cmd | None:
+    """The first download among the commands of a word's substitutions."""
     return next((cmd for cmd in word.subs if downloads(cmd)), None)
