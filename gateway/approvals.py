@@ -282,10 +282,19 @@ def read_grants(conn: Connection, user_key: str, session_key: str) -> list[str]:
 
 # -- what the user and the model read ---------------------------------------------------------------------------
 
-def prompt(approval: Approval, requester_name: str | None, timeout_minutes: float) -> tuple[str, list[Choice]]:
+def display_name(platform: str, user_id: str, user_name: str | None) -> str:
+    """How a prompt names a user: their name, else a mention the platform renders (Slack's message events carry
+    no name), else their id."""
+    if user_name:
+        return user_name
+    return f"<@{user_id}>" if platform in ("slack", "discord") else user_id
+
+
+def prompt(approval: Approval, timeout_minutes: float) -> tuple[str, list[Choice]]:
     """The approval prompt and its buttons."""
     reasons = "\n".join(f"• {r}" for r in dict.fromkeys(r for call in approval.calls for r in call["reasons"]))
-    who = requester_name or "the person who asked"
+    o = approval.origin
+    who = display_name(o["platform"], o["user_id"], o.get("user_name"))
     text = (f"⚠️ Approval needed before I run:\n{approval.summary()}\n{reasons}\n\n"
             f"Only {who} or an admin can answer (expires in {timeout_minutes:g} min; id {approval.id}).")
     choices = [Choice("Approve once", f"/approve once {approval.id}", "primary"),

@@ -31,6 +31,7 @@ from gateway.approvals import (
     Approval,
     decide,
     decision_note,
+    display_name,
     expired_approvals,
     prompt_message_id,
     resume_text,
@@ -449,11 +450,13 @@ class Router:
         limit, length = (adapter.max_message_length, adapter.length_fn) if adapter else (4000, len)
         parts = split_message(reply, limit, length)
         pressed = event.metadata.get("pressed_message_id") if ctx.replace_pressed else None
-        stored = await self.store.enqueue([
-            OutboxPart(f"cmd:{event.dedupe_key}:{i}", event.platform, event.chat_id, text, event.thread_id,
-                       event.message_id if i == 0 else None, part_index=i, parts_total=len(parts),
-                       edit_message_id=pressed if i == 0 else None)
-            for i, text in enumerate(parts)], inbox_id=inbox_id, claim=self.outbox.claim, effects=ctx.effects)
+        replies = [OutboxPart(f"cmd:{event.dedupe_key}:{i}", event.platform, event.chat_id, text, event.thread_id,
+                              event.message_id if i == 0 else None, part_index=i, parts_total=len(parts),
+                              edit_message_id=pressed if i == 0 else None) for i, text in enumerate(parts)]
+        if ctx.replace_pressed and pressed is None and ctx.also_replace is not None:  # typed: the prompt shows it too
+            replies.insert(0, OutboxPart(f"cmd:{event.dedupe_key}:prompt", event.platform, event.chat_id, parts[0],
+                                         event.thread_id, edit_message_id=ctx.also_replace))
+        stored = await self.store.enqueue(replies, inbox_id=inbox_id, claim=self.outbox.claim, effects=ctx.effects)
         self.outbox.submit(stored or [])
         for then in ctx.after:
             then()
@@ -527,8 +530,9 @@ class Router:
                         reason: str | None = None) -> None:
         """``/approve`` / ``/deny``: record the answer and accept the run that resumes the chat, in the command's
         transaction; start that run once it is stored."""
-        effect, start = self._approval_answer(approval, status, ctx.event.user_name or ctx.event.user_id, scope,
-                                              reason)
+        e = ctx.event
+        effect, start = self._approval_answer(approval, status, display_name(e.platform, e.user_id, e.user_name),
+                                              scope, reason)
         ctx.effects.append(effect)
         ctx.after.append(start)
 

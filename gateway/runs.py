@@ -459,7 +459,7 @@ class RunExecutor:
         origin = {"platform": e.platform, "chat_id": e.chat_id, "chat_type": e.chat_type, "thread_id": e.thread_id,
                   "user_id": e.user_id, "user_name": e.user_name}
         approval = new_approval(job.session_key, job.run_id, origin, user_key, calls, settings.timeout_minutes * 60)
-        outcome.text, choices = approval_prompt(approval, e.user_name, settings.timeout_minutes)
+        outcome.text, choices = approval_prompt(approval, settings.timeout_minutes)
         outcome.transcript.append(ChatMessage("assistant", outcome.text))
         done.effects.append(functools.partial(insert_approval, approval=approval))
         logger.info("run %s waits for approval %s of %s", job.run_id, approval.id, approval.patterns())

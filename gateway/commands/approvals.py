@@ -7,17 +7,31 @@ import re
 
 from sqlalchemy.engine import Connection
 
-from gateway.approvals import APPROVED, DENIED, PENDING, SCOPES, Approval, decision_note, get_approval, latest_pending
+from gateway.approvals import (
+    APPROVED,
+    DENIED,
+    PENDING,
+    SCOPES,
+    Approval,
+    decision_note,
+    display_name,
+    get_approval,
+    latest_pending,
+    prompt_message_id,
+)
 from gateway.commands.base import CommandContext, command
 
 _APPROVAL_ID = re.compile(r"[0-9a-f]{12}")
 
 
 async def _find(ctx: CommandContext, approval_id: str | None) -> Approval | None:
-    """The approval named, or the newest one waiting in this conversation."""
-    def read(conn: Connection) -> Approval | None:
-        return get_approval(conn, approval_id) if approval_id else latest_pending(conn, ctx.session_key)
-    return await ctx.host.store.db.read(read)
+    """The approval named, or the newest one waiting in this conversation; the prompt's message is noted for the
+    reply to replace (``CommandContext.also_replace``)."""
+    def read(conn: Connection) -> tuple[Approval | None, str | None]:
+        found = get_approval(conn, approval_id) if approval_id else latest_pending(conn, ctx.session_key)
+        return found, prompt_message_id(conn, found.run_id) if found is not None else None
+    approval, ctx.also_replace = await ctx.host.store.db.read(read)
+    return approval
 
 
 def _refusal(ctx: CommandContext, approval: Approval | None) -> str | None:
@@ -29,7 +43,8 @@ def _refusal(ctx: CommandContext, approval: Approval | None) -> str | None:
         by = f" by {approval.decided_by}" if approval.decided_by else ""
         return f"That was already answered: {approval.status}{by}."
     if f"{e.platform}:{e.user_id}" != approval.requester and not ctx.host.is_admin(e.platform, e.user_id):
-        name = approval.origin.get("user_name") or "the person who asked"
+        o = approval.origin
+        name = display_name(o["platform"], o["user_id"], o.get("user_name"))
         return f"Only {name} or an admin can answer this approval."
     return None
 
@@ -45,7 +60,7 @@ async def _approve(ctx: CommandContext) -> str:
     refusal = _refusal(ctx, approval)
     if refusal is not None or approval is None:
         return refusal or ""
-    who = ctx.event.user_name or ctx.event.user_id
+    who = display_name(ctx.event.platform, ctx.event.user_id, ctx.event.user_name)
     ctx.host.answer_approval(ctx, approval, APPROVED, scope)
     ctx.replace_pressed = True
     return decision_note(approval, APPROVED, who, scope)
@@ -60,7 +75,7 @@ async def _deny(ctx: CommandContext) -> str:
     refusal = _refusal(ctx, approval)
     if refusal is not None or approval is None:
         return refusal or ""
-    who = ctx.event.user_name or ctx.event.user_id
+    who = display_name(ctx.event.platform, ctx.event.user_id, ctx.event.user_name)
     ctx.host.answer_approval(ctx, approval, DENIED, reason=reason)
     ctx.replace_pressed = True
     return decision_note(approval, DENIED, who, reason=reason)

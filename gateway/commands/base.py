@@ -124,6 +124,9 @@ class CommandContext:
     """Called once the reply and the effects are stored (e.g. start a run the effects accepted)."""
     replace_pressed: bool = False
     """The reply replaces the message whose button sent the command (its buttons go): the answer to a prompt."""
+    also_replace: str | None = None
+    """With ``replace_pressed``, when the command was typed: the platform id of the prompt the reply also replaces
+    (so its buttons go too)."""
 
 
 Handler = Callable[[CommandContext], Awaitable[str]]

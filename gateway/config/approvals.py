@@ -23,7 +23,8 @@ def _check_patterns(value: list[str]) -> list[str]:
     for pattern in value:
         if not _PATTERN.fullmatch(pattern):
             raise _invalid(f"invalid approval pattern {pattern!r}",
-                           "write <tool>:<pattern> such as terminal:destructive-delete, <tool>:* or <tool>:<effect>; * for all")
+                           "write <tool>:<pattern> such as terminal:destructive-delete, <tool>:* or "
+                           "<tool>:<effect>; * for all")
         if pattern.startswith("terminal:") and "*" not in pattern and pattern not in PATTERNS:
             raise _invalid(f"unknown terminal pattern {pattern!r}", _suggest(pattern, sorted(PATTERNS)))
     return value

@@ -117,7 +117,7 @@ async def test_typed_approve_runs_the_command_once(tg: tuple[TelegramSimulator, 
     sim, model, start = tg
     build = _build_dir(tmp_path)
     gateway = await start()
-    approval_id = await _ask(sim)
+    approval_id, prompt_id = await _ask_for_buttons(sim)
     assert build.exists(), "the command ran before anyone approved it"
     row = await _approval_row(gateway, approval_id)
     assert (row.status, row.requester) == ("pending", f"telegram:{CHAT}")
@@ -125,6 +125,9 @@ async def test_typed_approve_runs_the_command_once(tg: tuple[TelegramSimulator, 
     sim.user_sends("/approve")
     note = await _next_text(sim, CHAT, before)
     assert note.startswith("✅ Approved (once) by") and DANGEROUS in note
+    # Typed, not pressed: the prompt shows the answer too, its buttons gone.
+    await sim.wait_for(lambda: _shown(sim, CHAT, prompt_id).startswith("✅ Approved (once)"), timeout=10)
+    assert sim.keyboard(CHAT, prompt_id) == []
     answer = await _next_text(sim, CHAT, before + 1)
     assert answer.startswith("Tool said:") and '"exit_code": 0' in answer, answer
     assert not build.exists()
