@@ -4,6 +4,7 @@ by mode, toolset, declared effects, run kind, standing approvals (stored and con
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,14 @@ WORKSPACE = "/srv/ws"
 @pytest.fixture(autouse=True)
 def _tools() -> None:
     registry.discover_builtin_tools()
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[Store]:
+    """The store on SQLite and on PostgreSQL (grants are written with a conflict-ignoring insert per dialect)."""
+    s = await Store.open(store_url)
+    yield s
+    await s.close()
 
 
 def _cfg(tmp_path: Path, approvals: dict[str, Any] | None = None, route: dict[str, Any] | None = None) -> Any:
