@@ -14,27 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from gateway.approval_flow import ApprovalFlow
 from gateway.approvals import (
-    APPROVED,
-    EXPIRED,
-    AlreadyAnswered,
     Approval,
-    decide,
-    decision_note,
     display_name,
-    expired_approvals,
-    prompt_message_id,
-    resume_text,
 )
 from gateway.auth import SIGNED_PLATFORMS, Authorizer, Decision
 from gateway.commands import (
@@ -117,7 +109,7 @@ class Router:
         self.coordinator = coordinator or LocalCoordinator()
         self._driving: set[str] = set()  # sessions this replica is running from the inbox (shared database)
         self._sweeper: asyncio.Task[None] | None = None
-        self._expiry: asyncio.Task[None] | None = None
+        self.approvals = ApprovalFlow(cfg, store, outbox, self._new_run, self._submit)
         self._background: set[asyncio.Task[Any]] = set()
         self.settings = SettingsStore(store)
         self.pairing = PairingStore(store, cfg.auth.pairing_code_ttl_seconds, cfg.auth.max_pending_codes)
@@ -301,7 +293,7 @@ class Router:
         """Re-queue every accepted event that did not finish (after a crash or restart); with a shared
         database, take part in running what nobody runs (now and every few seconds). Approvals nobody answered
         in time are denied from now on (on every replica: each is decided once)."""
-        self._expiry = asyncio.create_task(self._expiry_loop(), name="approval-expiry")
+        self.approvals.start()
         if not self.coordinator.sole:
             count = await self.sweep(before=time.time())
             self._sweeper = asyncio.create_task(self._sweep_loop(), name="inbox-sweep")
@@ -427,10 +419,11 @@ class Router:
     async def stop_sweeping(self) -> None:
         """Stop looking for unattended events and asking other replicas to stop work; drop status reactions not
         shown yet (shutdown)."""
-        tasks = [t for t in (self._sweeper, self._expiry, *self._background) if t is not None]
+        tasks = [t for t in (self._sweeper, *self._background) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.approvals.stop()
         await self.executor.reactions.close()
 
     # -- commands --------------------------------------------------------
@@ -524,74 +517,17 @@ class Router:
         ctx.after.append(start)
         return task
 
-    # -- approvals (gateway/approvals.py) ------------------------------------
+    # -- approvals (gateway/approval_flow.py) ---------------------------------
 
     def answer_approval(self, ctx: CommandContext, approval: Approval, status: str, scope: str | None = None,
                         reason: str | None = None) -> None:
         """``/approve`` / ``/deny``: record the answer and accept the run that resumes the chat, in the command's
         transaction; start that run once it is stored."""
         e = ctx.event
-        effect, start = self._approval_answer(approval, status, display_name(e.platform, e.user_id, e.user_name),
+        effect, start = self.approvals.answer(approval, status, display_name(e.platform, e.user_id, e.user_name),
                                               scope, reason)
         ctx.effects.append(effect)
         ctx.after.append(start)
-
-    def _approval_answer(self, approval: Approval, status: str, who: str | None, scope: str | None = None,
-                         reason: str | None = None) -> tuple[Callable[[Connection], None], Callable[[], None]]:
-        """The unit of work that decides ``approval`` (raising ``AlreadyAnswered`` when another answer came first)
-        and accepts its resume event, and what starts the resumed run afterwards."""
-        o = approval.origin
-        text = resume_text(approval, status, who, scope, reason, self.cfg.approvals.timeout_minutes)
-        metadata = {"approval_id": approval.id}
-        if status == APPROVED:  # the calls run again under new ids: the prompt's run answered the old ones
-            metadata["approval_calls"] = json.dumps([
-                {"id": f"call_{approval.id}_{i}", "type": "function",
-                 "function": {"name": call["name"], "arguments": call["arguments"]}}
-                for i, call in enumerate(approval.calls)])
-        event = MessageEvent(o["platform"], f"approval:{approval.id}", o["chat_id"], o["chat_type"], o["user_id"],
-                             o.get("user_name"), text, thread_id=o.get("thread_id"), metadata=metadata)
-        run_id = uuid.uuid4().hex
-        run, payload = self._new_run(event, run_id)
-        accepted: list[Acceptance] = []
-
-        def effect(conn: Connection) -> None:
-            if not decide(conn, approval, status, who, scope, reason):
-                raise AlreadyAnswered(approval.id)
-            accepted[:] = [accept_event(conn, dedupe_key=event.dedupe_key, platform=event.platform, kind=run.kind,
-                                        session_key=approval.session_key, payload=payload, run=run)]
-
-        def start() -> None:
-            if accepted and not accepted[0].duplicate:
-                self._submit(RunJob(accepted[0].inbox_id, run_id, run.kind, run.source, approval.session_key, event,
-                                    run.toolsets, Target.from_dict(payload["target"]), payload["history"]))
-        return effect, start
-
-    async def expire_approvals(self) -> int:
-        """Deny the approvals nobody answered in time: each prompt shows it expired and the model is told."""
-        expired = await self.store.db.read(lambda conn: expired_approvals(conn, time.time()))
-        for approval in expired:
-            effect, start = self._approval_answer(approval, EXPIRED, None)
-            o = approval.origin
-            prompt_id = await self.store.db.read(lambda conn, a=approval: prompt_message_id(conn, a.run_id))
-            note = OutboxPart(f"approval:{approval.id}:expired", o["platform"], o["chat_id"],
-                              decision_note(approval, EXPIRED, None), o.get("thread_id"), edit_message_id=prompt_id)
-            try:
-                stored = await self.store.enqueue([note], claim=self.outbox.claim, effects=[effect])
-            except AlreadyAnswered:
-                continue
-            self.outbox.submit(stored or [])
-            start()
-            logger.info("approval %s expired unanswered; run %s is told", approval.id, approval.run_id)
-        return len(expired)
-
-    async def _expiry_loop(self) -> None:
-        interval = min(15.0, max(0.2, self.cfg.approvals.timeout_minutes * 6))  # a tenth of the timeout
-        while not self.closing:
-            try:
-                await self.expire_approvals()
-            except Exception:
-                logger.exception("approval expiry failed")
-            await asyncio.sleep(interval)
 
     async def stop_session(self, session_key: str) -> bool:
         """``/stop``: cancel the session's running run, here or on the replica that runs it; or, when its
