@@ -17,8 +17,10 @@ mutmut imports the mutated copy; subprocesses of the tests must too. ``.venv-mut
 ``.venv`` whose editable install points at ``mutants/`` (so ``python -I`` sandbox workers and probes
 import the copy), and ``bench/mutation_plugin.py`` hands the active mutant to sandbox workers.
 
-``python -m bench.mutation_report --modules gateway/auth.py`` runs one module; ``--report-only`` rebuilds
-the report from ``mutants/`` without running anything.
+``python -m bench.mutation_report --modules gateway/auth.py`` runs one module (``mutants/`` and its test map
+are kept between runs; ``--fresh`` starts over), and the report keeps the other modules' results from the last
+one, so that modules run one at a time add up; ``--report-only`` rebuilds the report from ``mutants/`` without
+running anything.
 """
 
 from __future__ import annotations
@@ -253,11 +255,15 @@ def map_tests(python: Path, modules: list[str], log: Path) -> None:
     narrow_test_map(modules)
 
 
-def run(modules: list[str], max_children: int, venv: Path) -> None:
+def run(modules: list[str], max_children: int, venv: Path, *, fresh: bool) -> None:
+    """Every mutant in scope of ``modules`` judged afresh (mutmut re-runs the mutants named on its command line).
+    ``mutants/`` is kept between runs unless ``fresh``, so that a run of one module reuses the test map an
+    earlier run made (mapping runs every test file once, longer than most modules' mutants)."""
     check_config(modules)
     python = mutation_venv(venv)
-    shutil.rmtree(MUTANTS, ignore_errors=True)  # every run judges every mutant in scope afresh
-    MUTANTS.mkdir()
+    if fresh:
+        shutil.rmtree(MUTANTS, ignore_errors=True)
+    MUTANTS.mkdir(exist_ok=True)
     map_tests(python, modules, MUTANTS / "step1.log")
     status = mutmut(python, "run", "--max-children", str(max_children), *run_patterns(modules))
     if status:
@@ -443,17 +449,32 @@ def collect(modules: list[str]) -> tuple[dict[str, dict[str, Any]], list[Survivo
                 status = status_by_exit_code[code]
                 if status in KILLED or status in ("not checked", "skipped"):
                     continue
-                diff = get_diff_for_mutant(name, path=path)
-                body = [line for line in diff.splitlines()[2:] if not line.startswith("@@")]
-                survivor = Survivor(
-                    name=name, file=path, function=function_of(name), line=None, status=status, diff=diff,
-                    minus=[line[1:] for line in body if line.startswith("-")],
-                    plus=[line[1:] for line in body if line.startswith("+")])
-                survivor.line = locate(path, survivor.function, diff)
-                survivor.triage = match_triage(survivor, triage)
+                survivor = survivor_of(name, path, status, get_diff_for_mutant(name, path=path), triage)
+                survivor.line = locate(path, survivor.function, survivor.diff)
                 survivors.append(survivor)
     finally:
         os.chdir(cwd)
+    return per_module, survivors
+
+
+def survivor_of(name: str, path: str, status: str, diff: str, triage: list[dict[str, Any]],
+                line: int | None = None) -> Survivor:
+    """A mutant that was not killed, from its diff, classified by ``triage``."""
+    body = [text for text in diff.splitlines()[2:] if not text.startswith("@@")]
+    survivor = Survivor(name=name, file=path, function=function_of(name), line=line, status=status, diff=diff,
+                        minus=[text[1:] for text in body if text.startswith("-")],
+                        plus=[text[1:] for text in body if text.startswith("+")])
+    survivor.triage = match_triage(survivor, triage)
+    return survivor
+
+
+def earlier_results(previous: dict[str, Any], skip: set[str]) -> tuple[dict[str, dict[str, Any]], list[Survivor]]:
+    """The modules of the last report that this one does not judge again (run one at a time, their results add
+    up), their survivors classified again with the current triage."""
+    triage = load_triage()
+    per_module = {path: m for path, m in previous.get("modules", {}).items() if path in SCOPE and path not in skip}
+    survivors = [survivor_of(s["name"], s["file"], s["status"], s["diff"], triage, s.get("line"))
+                 for s in previous.get("survivors", []) if s["file"] in per_module]
     return per_module, survivors
 
 
@@ -476,21 +497,33 @@ def _one_line(lines: list[str]) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown(meta: dict[str, Any], per_module: dict[str, dict[str, Any]], survivors: list[Survivor]) -> str:
+def _run_text(run: dict[str, Any]) -> str:
+    """When and how a module was run: ``2026-12-04 02:30 UTC, abc1234, 3.1 min`` and its reruns."""
+    text = f"{run.get('date', '?')}, {run.get('commit', '?')}, {run.get('duration_min', '?')} min"
+    return text + "".join(f"; survivors again {r['date']}, {r['commit']}, {r['duration_min']} min"
+                          for r in run.get("reruns") or [])
+
+
+def markdown(per_module: dict[str, dict[str, Any]], survivors: list[Survivor]) -> str:
     total_tried = sum(m["tried"] for m in per_module.values())
     total_killed = sum(m["killed"] for m in per_module.values())
     classes = Counter(s.triage.get("class", "unclassified") for s in survivors)
+    runs = [m.get("run", {}) for m in per_module.values()]
+    versions = sorted({str(r.get("mutmut", "?")) for r in runs})
+    children = sorted({str(r.get("max_children", "?")) for r in runs})
+    missing = [path for path in SCOPE if path not in per_module]
     out = [SECTION, "",
-           f"`{meta['command']}` on {meta['date']} at {meta['commit']} ({meta['duration_min']} min, "
-           f"mutmut {meta['mutmut']}, {meta['max_children']} mutants at a time, PostgreSQL tests included), "
-           "the machine shared with other test runs. Each module is judged by its own test files only (the "
-           "second column); a mutant counts as killed when a test fails or the tests hang past mutmut's time "
-           "limit. Every mutant that was not killed is listed below with its class: *equivalent* (no test can "
-           "tell; why) or *gap* (what no test holds, and the test that would). `bench/results/mutation.json` "
-           "has the diffs; `bench/mutation_triage.toml` holds the classes."
-           + "".join(f" The run's survivors were tried again on {r['date']} at {r['commit']} with tests added since "
-                     f"({r['mutants']} mutants, {r['duration_min']} min, `python -m bench.mutation_report --rerun`)."
-                     for r in meta.get("reruns") or []), "",
+           f"mutmut {', '.join(versions)}, {' or '.join(children)} mutants at a time, PostgreSQL tests included, "
+           "the machine shared with other sessions' test runs. `make mutate` runs every module; here they were "
+           "run one at a time (`python -m bench.mutation_report --modules <path>`; the last column says when, at "
+           "which commit and for how long"
+           + (f"; not run yet: {', '.join(f'`{p}`' for p in missing)}" if missing else "") + "). "
+           "Each module is judged by its own test files only (the second column); a mutant counts as killed "
+           "when a test fails or the tests hang past mutmut's time limit. Every mutant that was not killed is "
+           "listed below with its class: *equivalent* (no test can tell; why), *immaterial* (only a message's "
+           "wording) or *gap* (what no test holds, and the test that would). `bench/results/mutation.json` "
+           "has the diffs; `bench/mutation_triage.toml` holds the classes; survivors tried again after tests "
+           "were added (`--rerun`) are named in the last column.", "",
            "How: mutmut 3 copies the tree to `mutants/`, mutates each function there behind a trampoline and runs, "
            "for each mutant, the tests that call that function (mapped once by running them all), fastest first. "
            "Subprocesses see the mutants too: `.venv-mutate` (a copy of `.venv` whose editable install points at "
@@ -498,16 +531,16 @@ def markdown(meta: dict[str, Any], per_module: dict[str, dict[str, Any]], surviv
            "while the map is made they report the functions they run (`bench/mutation_plugin.py`). Sandbox "
            "workers get the mutant through their command line; a test that starts one counts as calling every "
            "worker function. Log lines are not mutated. The sandbox tests run at the bubblewrap level only.", "",
-           "| module | tests | functions | mutants | killed | kill rate | not killed |",
-           "|---|---|---|---|---|---|---|"]
+           "| module | tests | functions | mutants | killed | kill rate | not killed | run |",
+           "|---|---|---|---|---|---|---|---|"]
     for path, m in per_module.items():
         functions = "all" if m["functions"] == "all" else f"{len(m['functions'])} ({m['scope_note']})"
         tests = ", ".join(t.removeprefix("tests/") for t in m["tests"] if (ROOT / t).exists())
         rate = f"{100 * m['kill_rate']:.1f}%" if m["kill_rate"] is not None else "-"
         out.append(f"| `{path}` | {tests} | {functions} | {m['tried']} | {m['killed']} | {rate} | "
-                   f"{m['tried'] - m['killed']} |")
+                   f"{m['tried'] - m['killed']} | {_run_text(m.get('run', {}))} |")
     rate = f"{100 * total_killed / total_tried:.1f}%" if total_tried else "-"
-    out += [f"| **all** | | | {total_tried} | {total_killed} | **{rate}** | {total_tried - total_killed} |", "",
+    out += [f"| **all** | | | {total_tried} | {total_killed} | **{rate}** | {total_tried - total_killed} | |", "",
             "Not killed, by class: " + (", ".join(f"{c} {n}" for c, n in sorted(classes.items())) or "none") + ".",
             ""]
     for cls, title in (("gap", "Gaps (for the owners: the test that would kill each)"),
@@ -563,12 +596,22 @@ def publish(checkout: Path) -> int:
     return 0
 
 
-def report(modules: list[str], meta: dict[str, Any], *, markdown_section: bool) -> int:
-    per_module, survivors = collect(modules)
-    if not per_module:
+def report(modules: list[str], runs: dict[str, dict[str, Any]], previous: dict[str, Any], *,
+           markdown_section: bool) -> int:
+    """The report of ``modules`` from ``mutants/`` (``runs``: when and how each was run), with the other modules
+    of the ``previous`` report kept as they were."""
+    judged, judged_survivors = collect(modules)
+    judged = {path: m for path, m in judged.items() if m["tried"]}  # mutants written, none tried yet: not judged
+    if not judged:
         raise SystemExit("no mutmut results in mutants/ (run without --report-only first)")
-    text = markdown(meta, per_module, survivors)
-    write_json({**meta, "markdown": text}, per_module, survivors)
+    for path, m in judged.items():
+        m["run"] = runs.get(path, {})
+    kept, kept_survivors = earlier_results(previous, set(judged))
+    per_module = {path: {**kept, **judged}[path] for path in SCOPE if path in kept or path in judged}
+    survivors = [s for s in [*kept_survivors, *judged_survivors] if s.file in per_module]
+    survivors.sort(key=lambda s: (list(SCOPE).index(s.file), _mutant_order(s.name)))
+    text = markdown(per_module, survivors)
+    write_json({"markdown": text}, per_module, survivors)
     if markdown_section:
         write_markdown(text)
     print(text)
@@ -601,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=3,
                         help="mutants tested at a time (3 on 2 cores: the tests mostly wait on sockets and workers)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from mutants/")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start from an empty mutants/ (map every test to the functions it calls again)")
     parser.add_argument("--rerun", action="store_true",
                         help="try the survivors in mutants/ again (after adding tests to the files they ran)")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch bench/RESULTS.md")
@@ -616,24 +661,24 @@ def main(argv: list[str] | None = None) -> int:
         return stubs()
     started = time.monotonic()
     previous = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() else {}
+    earlier = {path: m.get("run", {}) for path, m in previous.get("modules", {}).items()}
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     if args.rerun:
         tried = rerun_survivors(args.modules, args.max_children, args.venv)
-        meta = {k: previous.get(k, "?")
-                for k in ("command", "date", "duration_min", "max_children", "mutmut", "commit")}
-        meta["reruns"] = [*previous.get("reruns", []), {
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(), "mutants": tried,
-            "duration_min": round((time.monotonic() - started) / 60, 1)}]
+        again = {"date": when, "commit": commit(), "mutants": tried,
+                 "duration_min": round((time.monotonic() - started) / 60, 1)}
+        runs = {path: {**earlier.get(path, {}), "reruns": [*earlier.get(path, {}).get("reruns", []), again]}
+                for path in args.modules}
     elif not args.report_only:
-        run(args.modules, args.max_children, args.venv)
-        meta = {"command": "make mutate" if args.modules == list(SCOPE) else
+        run(args.modules, args.max_children, args.venv, fresh=args.fresh)
+        this = {"command": "make mutate" if args.modules == list(SCOPE) else
                 "python -m bench.mutation_report --modules " + " ".join(args.modules),
-                "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                "duration_min": round((time.monotonic() - started) / 60, 1),
+                "date": when, "duration_min": round((time.monotonic() - started) / 60, 1),
                 "max_children": args.max_children, "mutmut": mutmut_version(), "commit": commit()}
+        runs = dict.fromkeys(args.modules, this)
     else:
-        meta = {k: previous.get(k, "?")
-                for k in ("command", "date", "duration_min", "max_children", "mutmut", "commit", "reruns")}
-    return report(args.modules, meta, markdown_section=not args.no_markdown)
+        runs = {path: earlier.get(path, {}) for path in args.modules}
+    return report(args.modules, runs, previous, markdown_section=not args.no_markdown)
 
 
 if __name__ == "__main__":

@@ -311,3 +311,43 @@ async def test_a_revoked_approval_stops_working_within_the_cache_ttl(pairing: Pa
     assert await _decide(auth, "telegram", "2001") == DENY
     clock.now += 100
     assert await _decide(auth, "telegram", "2001") == DENY
+
+
+class _CountingPairing(PairingStore):
+    """The real pairing store, counting the authorizer's lookups in it."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.lookups: list[str] = []
+
+    async def is_approved(self, platform: str, user_id: str) -> bool:
+        self.lookups.append(user_id)
+        return await super().is_approved(platform, user_id)
+
+
+async def test_the_approval_cache_keeps_the_latest_approvals_up_to_its_size(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache is bounded and evicts the approval cached longest ago: a user approved within 30 s is not looked
+    up again while the cache has room for them.
+
+    Fails on the mutants ``while len(self._approved) >= _APPROVED_CACHE_SIZE:`` (one short: the first user is
+    evicted as soon as the cache is full) and ``self._approved.popitem(last=True)`` (the approval just cached is
+    the one evicted) in ``Authorizer._is_approved``."""
+    monkeypatch.setattr("gateway.auth._APPROVED_CACHE_SIZE", 2)
+    store = await Store.open(f"sqlite:///{tmp_path}/auth.db")
+    try:
+        pairing = _CountingPairing(store)
+        for user in ("a", "b", "c"):
+            await _approve(pairing, "telegram", user)
+        auth = _authorizer({}, pairing)
+
+        async def lookups(*users: str) -> list[str]:
+            pairing.lookups.clear()
+            assert [await _decide(auth, "telegram", u) for u in users] == [ALLOW] * len(users)
+            return pairing.lookups
+
+        assert await lookups("a", "b", "a", "b") == ["a", "b"]
+        assert await lookups("c", "c", "b") == ["c"]  # c evicts a, the oldest
+        assert await lookups("a") == ["a"]
+    finally:
+        await store.close()
