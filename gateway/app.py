@@ -19,6 +19,7 @@ from gateway.commands import menu_commands
 from gateway.config import Config
 from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.cron import CronService, StoreCronBackend
+from gateway.dashboard import DashboardContext, mount_dashboard
 from gateway.http import HttpServer
 from gateway.logs import redactor
 from gateway.metrics import Metrics
@@ -171,6 +172,9 @@ class Gateway:
             self.http = HttpServer(cfg.http, self.metrics, self.store, self._readiness, self._summary)
             if cfg.http.api.enabled:
                 self.http.add_routes(api_routes(cfg, self.store, self.router, self.cron))
+            if cfg.http.dashboard.enabled:
+                mount_dashboard(self.http.app, DashboardContext(cfg, self.store, self.router, self.cron,
+                                                                self.adapters, self.metrics, coordinator))
             for adapter in self.adapters.values():
                 routes = getattr(adapter, "http_routes", None)
                 if routes is not None:

@@ -158,6 +158,12 @@ class PairingStore:
         rows = await self.db.read(lambda conn: conn.execute(query).all())
         return [ApprovedUser(r.platform, r.user_id, r.user_name, r.approved_by) for r in rows]
 
+    async def deny(self, code_text: str) -> bool:
+        """Refuse a pending code: it can no longer be approved (the user gets no new code within the hour)."""
+        update = (pairing_codes_t.update().where(pairing_codes_t.c.code == normalize_code(code_text),
+                                                 pairing_codes_t.c.status == "pending").values(status="denied"))
+        return bool(await self.db.write(lambda conn: conn.execute(update).rowcount))
+
     async def revoke(self, platform: str, user_id: str) -> bool:
         """Withdraw an approval."""
         delete = approved_users_t.delete().where(approved_users_t.c.platform == platform,

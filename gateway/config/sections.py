@@ -156,8 +156,50 @@ class ApiSettings(_Section):
         return self
 
 
+def _check_network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value)
+    except ValueError:
+        try:
+            fixed = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            raise _invalid(f"not a CIDR network: {value!r}", "e.g. 10.0.0.0/8 or fd00::/8") from None
+        raise _invalid(f"{value!r} has host bits set", f"write {fixed}") from None
+    return value
+
+
+def _check_operator_token(value: Any) -> Any:
+    # Checked here rather than by SecretStr's own constraints: their errors would echo the token.
+    text = value.get_secret_value() if isinstance(value, SecretStr) else value
+    if not isinstance(text, str) or len(text) < 16:
+        raise _invalid("must be a secret token of at least 16 characters",
+                       "e.g. ${HERMES_DASHBOARD_ALICE} set to the output of: openssl rand -hex 24")
+    return value
+
+
+class DashboardSettings(_Section):
+    """``http.dashboard``: the operator's web console under ``/dashboard`` (gateway/dashboard)."""
+
+    enabled: bool = False
+    # Operator name -> login token; http.api_token also logs in, as operator "admin".
+    operators: dict[Annotated[str, AfterValidator(_check_api_client_name)],
+                    Annotated[SecretStr, BeforeValidator(_check_operator_token)]] = Field(default_factory=dict)
+    session_idle_minutes: int = Field(60, ge=1)
+    # Proxies whose X-Forwarded-Proto / X-Forwarded-For the dashboard believes (Secure cookies, login limits).
+    trusted_proxies: list[Annotated[str, AfterValidator(_check_network)]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _distinct_tokens(self) -> Self:
+        seen: dict[str, str] = {}
+        for name, token in self.operators.items():
+            if (other := seen.setdefault(token.get_secret_value(), name)) != name:
+                raise _invalid(f"same token as operator {other!r}", "give every operator their own token",
+                               ("operators", name))
+        return self
+
+
 class HttpSettings(_Section):
-    """The one HTTP server (health, metrics, webhooks, run lookups)."""
+    """The one HTTP server (health, metrics, webhooks, run lookups, the dashboard)."""
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -171,6 +213,22 @@ class HttpSettings(_Section):
     per_ip_burst: int = Field(200, ge=0)
     per_ip_rate: float = Field(2.0, gt=0)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
+
+    @model_validator(mode="after")
+    def _dashboard_login(self) -> Self:
+        board = self.dashboard
+        if board.enabled and self.api_token is None and not board.operators:
+            raise _invalid("the dashboard is enabled but nobody can log in to it",
+                           "set http.api_token, or add a token under http.dashboard.operators (e.g. "
+                           "operators: {alice: ${HERMES_DASHBOARD_ALICE}}), or set http.dashboard.enabled: false",
+                           ("dashboard", "enabled"))
+        if board.enabled and self.api_token is not None:
+            for name, token in board.operators.items():
+                if token.get_secret_value() == self.api_token.get_secret_value():
+                    raise _invalid("same token as http.api_token (which logs in as admin)",
+                                   "give the operator their own token", ("dashboard", "operators", name))
+        return self
 
 
 class GatewaySettings(_Section):
@@ -365,18 +423,6 @@ class PluginSettings(_Section):
         if not path.is_dir():
             raise _invalid(f"not a directory: {path}", "create it, or remove the key")
         return path
-
-
-def _check_network(value: str) -> str:
-    try:
-        ipaddress.ip_network(value)
-    except ValueError:
-        try:
-            fixed = ipaddress.ip_network(value, strict=False)
-        except ValueError:
-            raise _invalid(f"not a CIDR network: {value!r}", "e.g. 10.0.0.0/8 or fd00::/8") from None
-        raise _invalid(f"{value!r} has host bits set", f"write {fixed}") from None
-    return value
 
 
 class WebSettings(_Section):
