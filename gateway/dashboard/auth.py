@@ -132,10 +132,15 @@ class Gatekeeper:
                                   and request.headers.get("X-Forwarded-Proto", "").lower() == "https")
 
     def _same_origin(self, request: web.Request) -> bool:
-        # Browsers send Origin on every POST; one naming another site (or "null") is a cross-site request, the
-        # login form's included. Clients without an Origin are no browser's cross-site requests.
+        # Browsers say where a request comes from in Sec-Fetch-Site; older ones only in Origin, which under
+        # Referrer-Policy: no-referrer is "null" even for our own forms. A request naming another site is
+        # refused (the login form's too: login CSRF); clients that send neither are no browser's cross-site
+        # requests, and every action still needs the session's CSRF token.
+        site = request.headers.get("Sec-Fetch-Site")
+        if site is not None:
+            return site in ("same-origin", "none")
         origin = request.headers.get("Origin")
-        if origin is None:
+        if origin is None or origin == "null":
             return True
         host = request.headers.get("X-Forwarded-Host") if self._proxied(request) else None
         return urlsplit(origin).netloc == (host or request.host)

@@ -7,6 +7,7 @@ starts empty with the process, like the metrics it reads.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -89,14 +90,15 @@ class MetricsHistory:
             await asyncio.sleep(self.interval)
 
     def series(self) -> dict[str, list[float]]:
-        """Per interval: runs finished, runs failed, mean loop lag (ms); and at each sample: outbox parts
-        pending, runs in flight."""
-        pairs = list(zip(self.samples, list(self.samples)[1:], strict=False))
+        """Per interval, the current one so far last: runs finished, runs failed, mean loop lag (ms); and at each
+        sample and now: outbox parts pending, runs in flight."""
+        points = [*self.samples, self.read()]
+        pairs = list(itertools.pairwise(points))
         lag = [1000 * (b.lag_sum - a.lag_sum) / (b.lag_count - a.lag_count) if b.lag_count > a.lag_count else 0.0
                for a, b in pairs]
         return {"runs": [b.runs - a.runs for a, b in pairs], "failed": [b.failed - a.failed for a, b in pairs],
-                "loop_lag_ms": lag, "outbox": [s.outbox for s in self.samples],
-                "in_flight": [s.in_flight for s in self.samples]}
+                "loop_lag_ms": lag, "outbox": [s.outbox for s in points],
+                "in_flight": [s.in_flight for s in points]}
 
     def error_rate(self) -> ErrorRate:
         """Failed runs among those finished since the oldest sample (at most an hour ago)."""

@@ -235,13 +235,16 @@ async def test_a_cross_site_post_is_refused(board: Board) -> None:
     response = await board.console.post("/dashboard/sessions/reset", {"key": SESSION},
                                         headers={"Origin": "https://evil.example"})
     assert response.status == 403
+    response = await board.console.post("/dashboard/sessions/reset", {"key": SESSION},
+                                        headers={"Sec-Fetch-Site": "cross-site", "Origin": "null"})
+    assert response.status == 403
     async for console in board.fresh_console():  # login CSRF: a foreign page posting the form
         async with console.http.post(f"{board.base}/dashboard/login", data={"token": ALICE_TOKEN},
                                      headers={"Origin": "https://evil.example"}, allow_redirects=False) as r:
             assert r.status == 403 and "Set-Cookie" not in r.headers
     assert await _epoch(board) == epoch
     same = await board.console.post("/dashboard/sessions/reset", {"key": SESSION},
-                                    headers={"Origin": board.base})
+                                    headers={"Origin": "null", "Sec-Fetch-Site": "same-origin"})
     assert same.status == 303 and await _epoch(board) == epoch + 1
 
 
@@ -619,11 +622,12 @@ def test_history_series_and_error_rate_follow_the_metrics() -> None:
     metrics.loop_lag_histogram.observe(0.004)
     now[0] += 60
     history.sample()
+    metrics.runs.labels("chat", "completed").inc()  # in the current minute, so far
     series = history.series()
-    assert series["runs"] == [4] and series["failed"] == [1] and series["outbox"] == [0, 7]
-    assert series["loop_lag_ms"] == [pytest.approx(3.0)]
+    assert series["runs"] == [4, 1] and series["failed"] == [1, 0] and series["outbox"] == [0, 7, 7]
+    assert series["loop_lag_ms"] == [pytest.approx(3.0), 0.0]
     rate = history.error_rate()
-    assert (rate.finished, rate.failed, rate.text) == (4, 1, "25.0 %")
+    assert (rate.finished, rate.failed, rate.text) == (5, 1, "20.0 %")
     for _ in range(70):  # the ring keeps an hour
         history.sample()
     assert len(history.samples) == 61 and history.error_rate().finished == 0
