@@ -159,7 +159,9 @@ def mutation_venv(venv: Path) -> Path:
     """``.venv-mutate``: a copy of ``venv`` whose editable install maps the packages to ``mutants/``."""
     stamp = MUTATE_VENV / ".copied"
     source_stamp = venv / ".installed"
-    fresh = stamp.exists() and stamp.read_text() == str(venv.resolve()) and (
+    # the venv and what is installed in it (a package added with pip since leaves .installed as it was)
+    identity = "\n".join([str(venv.resolve()), *sorted(p.name for p in venv.glob("lib/python*/site-packages/*"))])
+    fresh = stamp.exists() and stamp.read_text() == identity and (
         not source_stamp.exists() or stamp.stat().st_mtime >= source_stamp.stat().st_mtime)
     if not fresh:
         shutil.rmtree(MUTATE_VENV, ignore_errors=True)
@@ -175,7 +177,7 @@ def mutation_venv(venv: Path) -> Path:
             packages = ast.literal_eval(mapping.group(1))
             moved = {name: str(MUTANTS / Path(where).name) for name, where in packages.items()}
             finder.write_text(text.replace(mapping.group(1), repr(moved)), encoding="utf-8")
-        stamp.write_text(str(venv.resolve()))
+        stamp.write_text(identity)
     for site in MUTATE_VENV.glob("lib/python*/site-packages"):
         (site / "_hermes_mutmut_hits.py").write_text(_HITS_HOOK, encoding="utf-8")
         (site / "_hermes_mutmut_hits.pth").write_text("import _hermes_mutmut_hits\n", encoding="utf-8")
