@@ -59,7 +59,9 @@ class Live:
         statuses: dict[str, str] = {}
         while not self.closing.is_set():
             data = await overview(self.ctx)
-            data["sparklines"] = self.render(request, "_sparklines.html", {"series": self.ctx.history.series()})
+            data["fragments"] = {  # element id -> its new content
+                "sparklines": self.render(request, "_sparklines.html", {"series": self.ctx.history.series()}),
+                "per-kind": self.render(request, "_per_kind.html", {"per_kind": data["per_kind"]})}
             if data != last:
                 await self._send(response, "overview", data)
                 last = data

@@ -34,8 +34,10 @@
         if (error) { error.textContent = adapter.last_error; }
       });
     });
-    var sparks = document.getElementById("sparklines");
-    if (sparks && data.sparklines) { sparks.innerHTML = data.sparklines; }
+    Object.keys(data.fragments || {}).forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el) { el.innerHTML = data.fragments[id]; }
+    });
   });
 
   source.addEventListener("runs", function (event) {
