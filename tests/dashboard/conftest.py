@@ -170,13 +170,11 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
         await model.stop()
 
 
-async def log_in(context: BrowserContext, token: str) -> Page:
-    """A page of ``context`` on the login form, the token typed and submitted (where it lands is the caller's)."""
-    page = await context.new_page()
+async def log_in(page: Page, token: str) -> None:
+    """Open the login form on ``page``, type ``token`` and submit it (where that lands is the caller's to check)."""
     await page.goto("/dashboard/login")
     await page.fill("form#login input[name=token]", token)
     await page.click("form#login button[type=submit]")
-    return page
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -191,6 +189,7 @@ async def context(browser: Browser, running: Running) -> AsyncIterator[BrowserCo
 @pytest_asyncio.fixture(loop_scope="session")
 async def page(context: BrowserContext) -> Page:
     """A page logged in to the dashboard as operator ``alice``, on the overview."""
-    page = await log_in(context, CANARIES["http.dashboard.operators.alice"])
+    page = await context.new_page()
+    await log_in(page, CANARIES["http.dashboard.operators.alice"])
     await page.wait_for_url("**/dashboard/")
     return page
