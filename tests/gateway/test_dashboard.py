@@ -20,6 +20,7 @@ import pytest
 
 from gateway.app import Gateway
 from gateway.config import ConfigError, parse_config
+from gateway.dashboard.auth import Gatekeeper, Sessions
 from gateway.dashboard.metrics_history import MetricsHistory, sparkline
 from gateway.metrics import Metrics
 from gateway.pairing import APPROVED_NOTICE
@@ -657,3 +658,30 @@ def test_sparkline_scales_into_the_box() -> None:
     assert sparkline([5.0]) == "0.0,1.0 120.0,1.0"  # one value: a flat line at the top
     points = [tuple(map(float, p.split(","))) for p in sparkline([0, 10, 5], 100, 22).split()]
     assert points == [(0.0, 21.0), (50.0, 1.0), (100.0, 11.0)]
+
+
+def test_a_session_ends_after_its_idle_time_and_at_logout() -> None:
+    now = [0.0]
+    sessions = Sessions(idle=60.0, clock=lambda: now[0])
+    sid, session = sessions.create("alice")
+    assert len(sid) == 64 and len(session.csrf) == 64 and sid != session.csrf
+    now[0] = 59.0
+    assert sessions.get(sid) is session  # used: its idle time starts over
+    now[0] = 118.0
+    assert sessions.get(sid) is session
+    now[0] = 178.5
+    assert sessions.get(sid) is None and sessions.get(sid) is None
+    other, _ = sessions.create("bob")
+    sessions.end(other)
+    assert sessions.get(other) is None and sessions.get(None) is None
+
+
+def test_every_configured_token_logs_in_as_its_operator(tmp_path: Path) -> None:
+    cfg = parse_config({"http": {"api_token": API_TOKEN, "dashboard": {
+        "enabled": True, "operators": {"alice": ALICE_TOKEN, "bob": "bob-token-0123456789"}}}},
+        env={"HERMES_GATEWAY_HOME": str(tmp_path)})
+    gate = Gatekeeper(cfg.http)
+    assert gate.operator_of(ALICE_TOKEN) == "alice" and gate.operator_of("bob-token-0123456789") == "bob"
+    assert gate.operator_of(API_TOKEN) == "admin"
+    assert gate.operator_of(ALICE_TOKEN[:-1]) is None and gate.operator_of("") is None
+    assert gate.operator_of(ALICE_TOKEN + "x") is None
