@@ -7,7 +7,9 @@ The tests run on one event loop for the session (the browser lives on it); see `
 from __future__ import annotations
 
 import asyncio
+import inspect
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,15 +118,15 @@ class Running:
         return {**found, **{f"{key} (its tag)": tag for key, tag in canary_tags().items()}}
 
 
-async def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    async def poll() -> None:
-        while not check():
-            await asyncio.sleep(0.02)
-    try:
-        await asyncio.wait_for(poll(), timeout)
-    except TimeoutError:
-        pytest.fail(f"timed out after {timeout} s waiting for {what}")
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Call ``check`` (a function, or one returning a coroutine) until it gives something truthy, and return that;
+    fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := await got if inspect.isawaitable(got := check()) else got):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+    return result
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -159,7 +161,7 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
     gateway = Gateway(cfg)
     try:
         await gateway.start()
-        await wait_until(lambda: all(gateway.adapters[p].state is AdapterState.CONNECTED for p in CHAT_PLATFORMS),
+        await eventually(lambda: all(gateway.adapters[p].state is AdapterState.CONNECTED for p in CHAT_PLATFORMS),
                          what="Telegram, Slack and Discord connected")
         yield Running(gateway, model, tg, slack, discord)
     finally:

@@ -9,9 +9,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -21,7 +19,7 @@ from playwright.async_api import APIResponse, Browser, BrowserContext, Locator, 
 from gateway.sim.model_server import JSON, Turn, default_responder, rules, text, tool_call
 from gateway.sim.telegram_api import DEFAULT_USER_ID
 from platforms.webhook_signatures import sign
-from tests.dashboard.conftest import CANARIES, CHAT_PLATFORMS, OPERATOR, Running, log_in, wait_until
+from tests.dashboard.conftest import CANARIES, CHAT_PLATFORMS, OPERATOR, Running, eventually, log_in
 from tests.gateway.test_cron import _job
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")  # the browser lives on the session's loop
@@ -32,21 +30,9 @@ CODE = re.compile(r"\b([A-Z2-9]{4})-?([A-Z2-9]{4})\b")
 SETTLE = 2.5  # seconds a paused every-second job is watched for a fire that must not come
 
 
-def _runs_of(running: Running, kind: str, source: str | None = None) -> Callable[[], Awaitable[list[Any]]]:
-    async def runs() -> list[Any]:
-        return [r for r in await running.gateway.store.list_runs(100)
-                if r.kind == kind and source in (None, r.source)]
-    return runs
-
-
-async def _eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll the coroutine ``check`` until it returns something truthy; return that."""
-    deadline = time.monotonic() + timeout
-    while not (result := await check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-    return result
+async def _fires(running: Running, job_id: str) -> int:
+    """How many runs the cron job has fired."""
+    return sum(r.kind == "cron" and r.source == job_id for r in await running.gateway.store.list_runs(100))
 
 
 def _telegram_texts(running: Running, chat_id: int) -> list[str]:
@@ -111,7 +97,7 @@ async def test_overview_shows_the_chat_adapters_and_telegram_going_down_live(run
     page.on("load", lambda _: loads.append(page.url))
     await running.telegram.stop()
     adapter = running.gateway.adapters["telegram"]
-    await wait_until(lambda: adapter.status()["state"] != "connected" and bool(adapter.status()["last_error"]),
+    await eventually(lambda: adapter.status()["state"] != "connected" and bool(adapter.status()["last_error"]),
                      what="the Telegram adapter to notice its API is gone")
     telegram = page.locator('[data-adapter="telegram"]')
     # Live: the page follows over SSE, never reloaded.
@@ -144,7 +130,7 @@ async def test_a_pairing_code_approved_in_the_browser_lets_the_stranger_chat(run
     await expect(page.locator(f'tr[data-user="telegram:{STRANGER_ID}"]')).to_have_count(1)
 
     tg.user_sends("are you there?", user_id=STRANGER_ID, first_name="Mallory")
-    await wait_until(lambda: "Echo: are you there?" in _telegram_texts(running, STRANGER_ID),
+    await eventually(lambda: "Echo: are you there?" in _telegram_texts(running, STRANGER_ID),
                      what="the approved stranger's answer")
     assert not any(t.startswith("Echo: hello") for t in _telegram_texts(running, STRANGER_ID))  # never before
 
@@ -157,8 +143,7 @@ async def test_a_cron_job_paused_in_the_browser_does_not_fire(running: Running, 
     caplog.set_level(logging.INFO, logger="gateway.dashboard")
     running.telegram.add_chat(DEFAULT_USER_ID)
     job = await running.gateway.cron.create(_job("TICK", "every 1s", chat=str(DEFAULT_USER_ID)), None)
-    fired = _runs_of(running, "cron", job.id)
-    await _eventually(fired, what="the job's first fire")  # it does fire while active
+    await eventually(lambda: _fires(running, job.id), what="the job's first fire")  # it does fire while active
 
     await page.goto("/dashboard/cron")
     row = page.locator(f'tr[data-job-id="{job.id}"]')
@@ -170,42 +155,46 @@ async def test_a_cron_job_paused_in_the_browser_does_not_fire(running: Running, 
     assert [r for r in caplog.records if r.name == "gateway.dashboard" and OPERATOR in r.getMessage()
             and job.id in r.getMessage()], "the pause was not logged with the operator's name"
 
-    before = len(await fired())
+    before = await _fires(running, job.id)
     await asyncio.sleep(SETTLE)
-    assert len(await fired()) == before, "a paused job fired"
+    assert await _fires(running, job.id) == before, "a paused job fired"
 
     await _submit(row, "resume")  # the same job fires again once resumed: it was the pause that held it
     await expect(row.locator("[data-job-state]")).to_have_attribute("data-job-state", "active")
-    await _eventually(lambda: _more(fired, before), what="a fire after resuming")
+    await eventually(lambda: _fired_since(running, job.id, before), what="a fire after resuming")
 
 
-async def _more(runs: Callable[[], Awaitable[list[Any]]], than: int) -> bool:
-    return len(await runs()) > than
+async def _fired_since(running: Running, job_id: str, fires: int) -> bool:
+    return await _fires(running, job_id) > fires
 
 
 # ------------------------------------------------------------------------------------------------- runs
 
 
-def _slow_answers(request: JSON) -> Turn | str:
-    """The first request holds the session for a while; "plan" calls ``todo``; its result is answered slowly."""
-    last = (request.get("messages") or [{}])[-1]
-    if last.get("role") == "tool":
-        return text("Planned: " + str(last.get("content"))[:80], latency=1.0)
-    return rules((r"^first", text("First done", latency=1.5)),
-                 (r"^plan", tool_call("todo", {"action": "add", "items": ["book a venue"]}, latency=0.5)),
-                 (r"^long", text("too late", latency=60)))(request)  # type: ignore[return-value]
+def _planned(request: JSON) -> Turn:
+    """A tool's result is answered slowly (the run page stays open on a running run); anything else is echoed."""
+    last = request["messages"][-1]
+    if last["role"] == "tool":
+        return text("Planned: " + str(last["content"])[:80], latency=1.0)
+    return default_responder(request)
+
+
+# The first message holds its session for a while; "plan" calls todo; "long" never ends by itself.
+SLOW = rules((r"^first", text("First done", latency=1.5)),
+             (r"^plan", tool_call("todo", {"action": "add", "items": ["book a venue"]}, latency=0.5)),
+             (r"^long", text("too late", latency=60)), fallback=_planned)
 
 
 async def _run_of(running: Running, prompt: str) -> str:
     """The id of the run whose prompt is ``prompt``, once it exists."""
     async def find() -> str | None:
         return next((r.id for r in await running.gateway.store.list_runs(100) if r.prompt == prompt), None)
-    return await _eventually(find, what=f"a run for {prompt!r}")
+    return await eventually(find, what=f"a run for {prompt!r}")
 
 
 async def test_a_run_is_followed_live_from_queued_to_delivered_with_its_tool_call(running: Running,
                                                                                   page: Page) -> None:
-    running.model.responder = _slow_answers
+    running.model.responder = SLOW
     tg = running.telegram
     tg.user_sends("first, hold the session")
     await _run_of(running, "first, hold the session")
@@ -233,24 +222,24 @@ async def test_a_run_is_followed_live_from_queued_to_delivered_with_its_tool_cal
     delivery = page.locator("[data-delivery]")
     await expect(delivery).to_have_count(1)
     await expect(delivery).to_have_attribute("data-state", "sent")  # the outbox part, delivered
-    await wait_until(lambda: any(t.startswith("Planned:") for t in _telegram_texts(running, DEFAULT_USER_ID)),
+    await eventually(lambda: any(t.startswith("Planned:") for t in _telegram_texts(running, DEFAULT_USER_ID)),
                      what="the answer in Telegram")
     DOCS.mkdir(exist_ok=True)
     await page.screenshot(path=str(DOCS / "dashboard-run.png"), full_page=True)
 
 
 async def test_a_long_run_is_stopped_from_its_page(running: Running, page: Page) -> None:
-    running.model.responder = _slow_answers
+    running.model.responder = SLOW
     running.telegram.user_sends("long task, take your time")
     run_id = await _run_of(running, "long task, take your time")
-    await _eventually(lambda: _status_is(running, run_id, "running"), what="the run to start")
+    await eventually(lambda: _status_is(running, run_id, "running"), what="the run to start")
 
     await page.goto(f"/dashboard/runs/{run_id}")
     stop = page.locator('form[data-action="stop-run"]')
     await expect(stop).to_have_count(1)
     await stop.locator("[type=submit]").click()
     await expect(page.locator("[data-run-status]")).to_have_text("cancelled")
-    await _eventually(lambda: _status_is(running, run_id, "cancelled"), what="the run cancelled in the store")
+    await eventually(lambda: _status_is(running, run_id, "cancelled"), what="the run cancelled in the store")
     await expect(page.locator('form[data-action="stop-run"]')).to_have_count(0)
     assert "too late" not in _telegram_texts(running, DEFAULT_USER_ID)
 
@@ -314,7 +303,7 @@ async def _populate(running: Running) -> str:
     tg = running.telegram
     tg.user_sends("plan the audit")
     run_id = await _run_of(running, "plan the audit")
-    await _eventually(lambda: _status_is(running, run_id, "completed"), what="the chat run")
+    await eventually(lambda: _status_is(running, run_id, "completed"), what="the chat run")
     tg.user_sends("let me in", user_id=STRANGER_ID)
     await tg.wait_for_messages(1, STRANGER_ID, timeout=10)
     await running.gateway.cron.create(_job("REPORT", "every 1h", chat=str(DEFAULT_USER_ID)), None)
@@ -328,7 +317,7 @@ async def _populate(running: Running) -> str:
                 assert r.status == (202 if key == secret else 401), await r.text()
     await tg.stop()
     adapter = running.gateway.adapters["telegram"]
-    await wait_until(lambda: bool(adapter.status()["last_error"]), what="Telegram's error")
+    await eventually(lambda: bool(adapter.status()["last_error"]), what="Telegram's error")
     return run_id
 
 
