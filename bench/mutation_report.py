@@ -533,16 +533,26 @@ def markdown(per_module: dict[str, dict[str, Any]], survivors: list[Survivor]) -
            "while the map is made they report the functions they run (`bench/mutation_plugin.py`). Sandbox "
            "workers get the mutant through their command line; a test that starts one counts as calling every "
            "worker function. Log lines are not mutated. The sandbox tests run at the bubblewrap level only.", "",
-           "| module | tests | functions | mutants | killed | kill rate | not killed | run |",
-           "|---|---|---|---|---|---|---|---|"]
+           "*Kill rate* is of every mutant tried; *of the rest* leaves out the survivors classified equivalent "
+           "or immaterial (the mutants that change a behaviour something could rely on).", "",
+           "| module | tests | functions | mutants | killed | kill rate | of the rest | not killed | run |",
+           "|---|---|---|---|---|---|---|---|---|"]
+
+    def harmless(path: str | None) -> int:
+        return sum(1 for s in survivors if (path is None or s.file == path)
+                   and s.triage.get("class") in ("equivalent", "immaterial"))
+
+    def percent(killed: int, of: int) -> str:
+        return f"{100 * killed / of:.1f}%" if of else "-"
+
     for path, m in per_module.items():
         functions = "all" if m["functions"] == "all" else f"{len(m['functions'])} ({m['scope_note']})"
         tests = ", ".join(t.removeprefix("tests/") for t in m["tests"] if (ROOT / t).exists())
-        rate = f"{100 * m['kill_rate']:.1f}%" if m["kill_rate"] is not None else "-"
-        out.append(f"| `{path}` | {tests} | {functions} | {m['tried']} | {m['killed']} | {rate} | "
+        out.append(f"| `{path}` | {tests} | {functions} | {m['tried']} | {m['killed']} | "
+                   f"{percent(m['killed'], m['tried'])} | {percent(m['killed'], m['tried'] - harmless(path))} | "
                    f"{m['tried'] - m['killed']} | {_run_text(m.get('run', {}))} |")
-    rate = f"{100 * total_killed / total_tried:.1f}%" if total_tried else "-"
-    out += [f"| **all** | | | {total_tried} | {total_killed} | **{rate}** | {total_tried - total_killed} | |", "",
+    out += [f"| **all** | | | {total_tried} | {total_killed} | **{percent(total_killed, total_tried)}** | "
+            f"**{percent(total_killed, total_tried - harmless(None))}** | {total_tried - total_killed} | |", "",
             "Not killed, by class: " + (", ".join(f"{c} {n}" for c, n in sorted(classes.items())) or "none") + ".",
             ""]
     for cls, title in (("gap", "Gaps (for the owners: the test that would kill each)"),
