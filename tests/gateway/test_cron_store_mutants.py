@@ -45,10 +45,9 @@ async def test_advance_refuses_a_stale_copy_and_records_the_fire(jobs: CronStore
 
 
 async def test_a_failure_count_pauses_an_active_job_once(jobs: CronStore) -> None:
-    """Kills record_run's mutants: ``last_error`` kept on success, ``consecutive_failures`` not reset
-    (``1 if ok``, ``if (ok) and False``), the pause condition mutated (``ok and ...``, ``job is None and ok``),
-    the pause's ``id`` or ``state`` condition dropped (another job paused), ``reason[:2001]`` and the
-    returned flag (``or True``, ``(job, True)``)."""
+    """Kills record_run's mutants: ``consecutive_failures`` not reset (``1 if ok``, ``if (ok) and False``), the
+    pause's ``id`` condition dropped (another job paused) and ``reason[:2001]``. (The pause racing the owner's:
+    test_a_failure_does_not_override_a_pause_that_came_first.)"""
     job = await jobs.create(_job())
     other = await jobs.create(_job())
     first, paused = await jobs.record_run(job.id, "r1", "failed", "boom", None, max_failures=2)
@@ -77,9 +76,8 @@ async def test_pause_keeps_the_reason_and_leaves_done_jobs_alone(jobs: CronStore
 
 
 async def test_resume_is_the_owners_and_fires_at_the_next_time(jobs: CronStore) -> None:
-    """Kills resume's ``get(job_id, None)`` / ``get(job_id, )`` and ``_select(job_id, None)`` (another user's
-    job resumed), ``state == "XXdoneXX"`` / ``"DONE"`` (a finished job revived) and ``next_fire_at=None`` /
-    left out / ``_ts(None)``."""
+    """Kills resume's ``state == "XXdoneXX"`` / ``"DONE"`` (a finished job revived) and ``next_fire_at=None`` /
+    ``_ts(None)``. (Its owner check is made twice, by the read and by the write: each alone suffices.)"""
     job = await jobs.create(_job())
     await jobs.pause(job.id, None, "failing")
     assert await jobs.resume(job.id, "telegram:2", NOW) is None
@@ -134,3 +132,48 @@ async def test_a_fire_is_claimed_once_its_event_is_accepted(store: Store, jobs: 
     await store.accept("cron:j2:2026-12-03T12:00:00+00:00", "cron", "cron", "cron:j2", {})
     assert await jobs.fire_claimed("cron:j1:2026-12-03T12:00:00+00:00")
     assert not await jobs.fire_claimed("cron:j3:2026-12-03T12:00:00+00:00")
+
+
+async def test_resume_replaces_a_next_fire_time_that_passed_while_paused(jobs: CronStore) -> None:
+    """A job paused for five hours fires next at its next scheduled time after the resume, not at the time it had
+    when it was paused (which the scheduler would take for a missed fire).
+
+    Kills resume's ``next_fire_at=...`` left out of the update."""
+    job = await jobs.create(_job())
+    stale = await jobs.advance(job, NOW - timedelta(hours=5), None, None)
+    assert stale is not None and await jobs.pause(job.id, None) is not None
+    resumed = await jobs.resume(job.id, None, NOW)
+    assert resumed is not None and resumed.next_fire_at == resume_time(job, NOW) == NOW + timedelta(hours=1)
+
+
+async def test_recording_a_run_of_a_deleted_job_or_a_success_with_an_error(jobs: CronStore) -> None:
+    """Kills record_run's ``job is None and ok or ...`` (a failed run of a job deleted meanwhile raises) and
+    ``None if (ok) and False else error`` (a completed run keeps an error text)."""
+    assert await jobs.record_run("gone", "r1", "failed", "boom", None, max_failures=1) == (None, False)
+    job = await jobs.create(_job())
+    done, paused = await jobs.record_run(job.id, "r2", "completed", "a warning", None, max_failures=1)
+    assert not paused and done is not None and (done.last_status, done.last_error) == ("completed", None)
+
+
+async def test_a_failure_does_not_override_a_pause_that_came_first(jobs: CronStore,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner pauses the job between the failure being counted and the automatic pause: the owner's pause
+    stands (its reason kept) and the failure does not report pausing it.
+
+    Kills record_run's pause without its ``state == "active"`` condition, and ``(paused, True) if (paused is not
+    None) or True`` / ``else (job, True)`` (a pause reported that did not happen)."""
+    job = await jobs.create(_job())
+    update, writes = jobs._update, []
+
+    async def owner_pauses_after_the_first_write(where: Any, **values: Any) -> CronJob | None:
+        result = await update(where, **values)
+        writes.append(values)
+        if len(writes) == 1:
+            await jobs.pause(job.id, "telegram:1", "on holiday")
+        return result
+
+    monkeypatch.setattr(jobs, "_update", owner_pauses_after_the_first_write)
+    counted, paused = await jobs.record_run(job.id, "r1", "failed", "boom", None, max_failures=1)
+    assert not paused and counted is not None and counted.consecutive_failures == 1
+    after = await jobs.get(job.id)
+    assert after is not None and (after.state, after.paused_reason) == ("paused", "on holiday")
