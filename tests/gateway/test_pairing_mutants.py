@@ -3,6 +3,8 @@ kills. The store is SQLite; every clock is explicit."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gateway.pairing import (
@@ -10,6 +12,7 @@ from gateway.pairing import (
     LOCKOUT_SECONDS,
     MAX_FAILED_APPROVALS,
     PairingStore,
+    approve_command,
     format_code,
 )
 from gateway.store import Store
@@ -151,3 +154,91 @@ async def test_approved_lists_users_in_approval_order(pairing: PairingStore) -> 
         code = await pairing.issue("telegram", user, None, f"c{user}", now=T0)
         assert code is not None and (await pairing.approve(code, f"admin{user}", now=at)).ok
     assert await pairing.approved() == [("telegram", "1", None, "admin1"), ("telegram", "2", None, "admin2")]
+
+
+# -- found by the run of 2026-12-04 ----------------------------------------------------------------------------
+
+def test_the_approve_command_names_the_code_and_the_config() -> None:
+    """Kills approve_command's ``cli_command(None, ...)`` and ``cli_command(..., None)`` (the command a stranger
+    is told to pass on would lack the code, or the ``--config`` of a gateway whose config discovery cannot find)."""
+    elsewhere = Path("/nonexistent/hermes-elsewhere.yaml")
+    assert approve_command("ABCDEFGH", None) == "hermes-gateway pairing approve ABCD-EFGH"
+    assert approve_command("ABCDEFGH", elsewhere) == (
+        f"hermes-gateway --config {elsewhere} pairing approve ABCD-EFGH")
+
+
+async def test_refused_approvals_say_why(pairing: PairingStore) -> None:
+    """What the admin reads: kills the wording mutants of "No such pairing code.", the expiry message, the
+    lockout message and the ``'unknown'`` shown for a user without a name."""
+    code = await pairing.issue("telegram", "1", None, "c1", now=T0)
+    assert code is not None
+    assert (await pairing.approve("ZZZZ-ZZZZ", "admin", now=T0)).message == "No such pairing code."
+    assert (await pairing.approve(code, "admin", now=T0 + pairing.ttl)).message == (
+        "That code has expired; the user can DM the bot again in an hour for a new one.")
+    fresh = await pairing.issue("telegram", "2", None, "c2", now=T0)
+    assert fresh is not None
+    assert (await pairing.approve(fresh, "admin", now=T0)).message == "Approved telegram user 2 (unknown)."
+    for _ in range(MAX_FAILED_APPROVALS):
+        await pairing.approve("ZZZZ-ZZZZ", "admin", now=T0 + 1)
+    assert (await pairing.approve(fresh, "admin", now=T0 + 1)).message == (
+        "Too many failed approvals; pairing is locked for an hour.")
+
+
+async def test_a_user_approved_through_two_codes_on_either_database(store_url: str) -> None:
+    """The second approval of a user leaves the first in place, on SQLite and on PostgreSQL (whose ON CONFLICT
+    names the key's columns as they are).
+
+    Kills approve's ``insert_ignoring_conflicts(None, ...)`` (SQLite's INSERT on PostgreSQL) and the key's
+    column names in capitals."""
+    store = await Store.open(store_url)
+    try:
+        pairing = PairingStore(store)
+        first = await pairing.issue("telegram", "1", "ann", "c1", now=T0)
+        assert first is not None and (await pairing.approve(first, "alice", now=T0)).ok
+        second = await pairing.issue("telegram", "1", "ann", "c1", now=T0 + CODE_MESSAGE_INTERVAL)
+        assert second is not None and (await pairing.approve(second, "bob", now=T0 + CODE_MESSAGE_INTERVAL)).ok
+        assert await pairing.approved() == [("telegram", "1", "ann", "alice")]
+    finally:
+        await store.close()
+
+
+async def test_pending_codes_end_at_their_expiry_and_keep_their_chat(pairing: PairingStore) -> None:
+    """Kills pending's ``expires_at >= now`` (a code listed at the second it expires) and ``PendingCode(...,
+    None, ...)`` for the chat (where the approval notice goes)."""
+    code = await pairing.issue("telegram", "1", None, "chat-1", now=T0)
+    assert code is not None
+    (pending,) = await pairing.pending(now=T0 + pairing.ttl - 1)
+    assert (pending.code, pending.chat_id) == (code, "chat-1")
+    assert await pairing.pending(now=T0 + pairing.ttl) == []
+
+
+async def test_revoking_a_user_leaves_the_same_id_on_another_platform(pairing: PairingStore) -> None:
+    """Kills revoke's platform condition dropped and both conditions dropped (every approval withdrawn)."""
+    for platform, user in (("telegram", "1"), ("discord", "1"), ("telegram", "2")):
+        code = await pairing.issue(platform, user, None, f"c-{platform}-{user}", now=T0)
+        assert code is not None and (await pairing.approve(code, "admin", now=T0)).ok
+    assert await pairing.revoke("telegram", "1") is True
+    assert await pairing.revoke("telegram", "1") is False
+    assert [await pairing.is_approved(p, u) for p, u in (("telegram", "1"), ("discord", "1"), ("telegram", "2"))] == [
+        False, True, True]
+
+
+async def test_a_denied_code_can_no_longer_be_approved(pairing: PairingStore) -> None:
+    """``/pairing deny``: the code is refused for good, the other codes stay pending, and only a pending code
+    can be denied.
+
+    Kills every mutant of deny: the update replaced or left without its conditions (``where(None)``, ``code !=``,
+    ``normalize_code(None)``, ``status != "pending"`` or misspelt), the status written (None, misspelt) and the
+    answer (``bool(None)``, nothing written)."""
+    first = await pairing.issue("telegram", "1", None, "c1", now=T0)
+    second = await pairing.issue("telegram", "2", None, "c2", now=T0)
+    third = await pairing.issue("telegram", "3", None, "c3", now=T0)
+    assert first is not None and second is not None and third is not None
+    assert await pairing.deny(format_code(first).lower()) is True
+    assert await pairing.deny(first) is False
+    assert (await pairing.approve(third, "admin", now=T0)).ok
+    assert await pairing.deny(third) is False
+    assert [p.code for p in await pairing.pending(now=T0)] == [second]
+    refused = await pairing.approve(first, "admin", now=T0)
+    assert (refused.ok, refused.message) == (False, "That code was already denied.")
+    assert await pairing.approved() == [("telegram", "3", None, "admin")]
