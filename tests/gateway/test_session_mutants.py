@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.session import SessionLanes, session_key
+from gateway.session import SessionLanes, background_session_key, chat_session_of, session_key
 from platforms.base import SessionSource
 
 
@@ -73,3 +73,57 @@ async def test_shutdown_stops_lanes_waits_for_their_cleanup_and_refuses_new_work
         lanes.submit("s", queued)
     await asyncio.sleep(0.05)
     assert events == ["first cleaned up"]
+
+
+# -- found by the run of 2026-12-04 ----------------------------------------------------------------------------
+
+def test_a_background_tasks_session_belongs_to_its_chat() -> None:
+    """Kills chat_session_of's ``... and session``, ``[1]``, the separator misspelt or in capitals (a background
+    task's session taken for a chat of its own: its answer, /stop and /status would miss the chat) and
+    ``partition`` (the last ``:bg:`` marks the task, whatever the chat's key holds)."""
+    chat = "telegram:group:-100:7"
+    assert chat_session_of(background_session_key(chat, "t1")) == chat
+    assert chat_session_of(chat) == chat
+    nested = background_session_key(background_session_key(chat, "t1"), "t2")
+    assert chat_session_of(nested) == background_session_key(chat, "t1")
+
+
+async def test_an_item_submitted_first_runs_before_those_waiting() -> None:
+    """Kills submit's ``lane.queue.appendleft(None)`` (the lane's worker fails on the item and drops the rest)."""
+    lanes, ran, release = SessionLanes(), [], asyncio.Event()
+
+    def item(name: str, wait: bool = False):
+        async def work() -> None:
+            ran.append(name)
+            if wait:
+                await release.wait()
+        return work
+
+    lanes.submit("s", item("running", wait=True))
+    while not ran:  # the worker has taken the first item
+        await asyncio.sleep(0)
+    lanes.submit("s", item("queued"))
+    lanes.submit("s", item("urgent"), first=True)
+    release.set()
+    assert await lanes.wait_idle(5)
+    assert ran == ["running", "urgent", "queued"]
+
+
+async def test_shutdown_returns_once_the_lanes_have_stopped() -> None:
+    """Kills shutdown's ``asyncio.gather(return_exceptions=True)`` without the workers (shutdown would return
+    while an item is still cleaning up, after the gateway closed the store it writes to)."""
+    lanes, started, cleaned = SessionLanes(), asyncio.Event(), []
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            cleaned.append("work")
+
+    lanes.submit("s", work)
+    await asyncio.wait_for(started.wait(), 5)
+    await lanes.shutdown()
+    assert cleaned == ["work"] and lanes.active == 0
