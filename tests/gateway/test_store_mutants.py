@@ -10,13 +10,15 @@ from collections.abc import AsyncIterator
 import pytest
 import sqlalchemy as sa
 
-from gateway.schema import messages_t
+from gateway.schema import messages_t, run_usage_t
+from gateway.steering import Steered
 from gateway.store import (
     ChatMessage,
     Claim,
     NewRun,
     OutboxPart,
     RunCompletion,
+    RunUsage,
     SessionRef,
     Store,
 )
@@ -220,3 +222,43 @@ async def test_a_delivery_error_is_kept_up_to_2000_characters(store: Store) -> N
     await store.mark_failed(rows[1].id, "f" * 3000)
     errors = {r.dedupe_key: r.last_error for r in await store.outbox_rows()}
     assert errors == {"e:1": "r" * 2000, "e:2": "f" * 2000}
+
+
+# -- found by the run of 2026-12-04 ----------------------------------------------------------------------------
+
+async def _accepted(store: Store, event: str) -> tuple[int, str]:
+    accepted = await store.accept(event, "telegram", "chat", KEY, {}, _run())
+    assert accepted.run_id is not None and accepted.inbox_id is not None
+    return accepted.inbox_id, accepted.run_id
+
+
+async def test_messages_steered_into_a_run_end_with_it(store: Store) -> None:
+    """A message taken by a running run (steering) ends as that run ends: its run finished with the same status,
+    ``ended_by`` "steered", nothing of its own (no result, tool calls or model calls), its inbox event done.
+
+    Kills every mutant of _finish_run's two ``steered`` statements (the statement or its rows replaced, a key
+    misspelt, ``b_model_calls: 1``, ``b_model_seconds: 1.0``, ``"XXsteeredXX"``, ``"XX[]XX"``, ``"XXdoneXX"``)."""
+    inbox_id, run_id = await _accepted(store, "telegram:1")
+    steered_inbox, steered_run = await _accepted(store, "telegram:2")
+    assert await store.start_run(run_id, inbox_id) is not None
+    done = RunCompletion(run_id, inbox_id, "completed", result="both answered", model_calls=2, model_seconds=1.5,
+                         tool_calls=[{"name": "todo"}], steered=[Steered("and this", steered_inbox, steered_run)])
+    assert await store.finish_run(done) == []
+    row = await store.get_run(steered_run)
+    assert row is not None
+    assert (row.status, row.ended_by, row.result, row.tool_calls, row.model_calls, row.model_seconds) == (
+        "completed", "steered", None, [], 0, 0.0)
+    assert row.finished_at is not None
+    assert await store.unfinished_inbox() == []
+
+
+@pytest.mark.parametrize(("prompt", "completion"), [(120, 0), (0, 30)])
+async def test_a_runs_token_usage_is_stored_with_its_session(store: Store, prompt: int, completion: int) -> None:
+    """Kills _finish_run's usage mutants: ``u.prompt_tokens and u.completion_tokens`` (usage with only one count
+    dropped), the insert or its values replaced, a column name misspelt and ``session_key and ""``."""
+    inbox_id, run_id = await _accepted(store, "telegram:1")
+    usage = RunUsage("chat", "telegram:100", "gpt-test", prompt, completion)
+    await store.finish_run(RunCompletion(run_id, inbox_id, "completed", session_key=KEY, epoch=0, usage=usage))
+    rows = await store.db.read(lambda conn: conn.execute(sa.select(run_usage_t)).all())
+    assert [(r.run_id, r.kind, r.session_key, r.epoch, r.user_key, r.model, r.prompt_tokens, r.completion_tokens)
+            for r in rows] == [(run_id, "chat", KEY, 0, "telegram:100", "gpt-test", prompt, completion)]
