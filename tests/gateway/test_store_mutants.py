@@ -262,3 +262,16 @@ async def test_a_runs_token_usage_is_stored_with_its_session(store: Store, promp
     rows = await store.db.read(lambda conn: conn.execute(sa.select(run_usage_t)).all())
     assert [(r.run_id, r.kind, r.session_key, r.epoch, r.user_key, r.model, r.prompt_tokens, r.completion_tokens)
             for r in rows] == [(run_id, "chat", KEY, 0, "telegram:100", "gpt-test", prompt, completion)]
+
+
+async def test_a_reset_rule_starts_a_new_conversation_when_a_run_starts(store: Store) -> None:
+    """Kills start_run's ``_chat_session(conn, session, run_id, None, now)`` (the reset policy never asked) and
+    ``RunContext(..., None)`` / the reset left out (the user never told their conversation was started anew)."""
+    inbox_id, run_id = await _accepted(store, "telegram:1")
+    first = await store.start_run(run_id, inbox_id, SESSION)
+    assert first is not None and (first.epoch, first.reset) == (0, None)
+    inbox_id, run_id = await _accepted(store, "telegram:2")
+    context = await store.start_run(run_id, inbox_id, SESSION, reset_rule=lambda idle_since, at: "idle")
+    assert context is not None and context.epoch == 1
+    assert context.reset is not None and context.reset.reason == "idle"
+
