@@ -17,10 +17,12 @@ from gateway.store import (
     Claim,
     NewRun,
     OutboxPart,
+    Replay,
     RunCompletion,
     RunUsage,
     SessionRef,
     Store,
+    accept_event,
 )
 
 KEY = "telegram:dm:100"
@@ -275,3 +277,37 @@ async def test_a_reset_rule_starts_a_new_conversation_when_a_run_starts(store: S
     assert context is not None and context.epoch == 1
     assert context.reset is not None and context.reset.reason == "idle"
 
+
+
+async def test_a_replayed_body_within_its_window_is_the_first_delivery(store: Store) -> None:
+    """A signed body delivered again under another id within the replay window is a duplicate of the first
+    delivery (its run, not a new one); after the window it is accepted anew, and the marker slides with it.
+
+    Kills accept_event's replay mutants: ``_replayed(conn, None)`` / arguments left out, ``is None`` for ``is not
+    None`` (every replay accepted, every first delivery refused), and _mark_replay's arguments replaced by None or
+    left out (no marker written, or a marker pointing nowhere)."""
+    now = time.time()
+    first = await store.accept("webhook:a:1", "webhook", "webhook", "webhook:a", {}, _run(),
+                               replay=Replay("body:h1", now, 300))
+    again = await store.accept("webhook:a:2", "webhook", "webhook", "webhook:a", {}, _run(),
+                               replay=Replay("body:h1", now + 10, 300))
+    assert first.duplicate is False and first.run_id is not None
+    assert (again.duplicate, again.inbox_id, again.run_id) == (True, first.inbox_id, first.run_id)
+    later = await store.accept("webhook:a:3", "webhook", "webhook", "webhook:a", {}, _run(),
+                               replay=Replay("body:h1", now + 400, 300))
+    assert later.duplicate is False and later.run_id not in (None, first.run_id)
+    last = await store.accept("webhook:a:4", "webhook", "webhook", "webhook:a", {}, _run(),
+                              replay=Replay("body:h1", now + 500, 300))
+    assert (last.duplicate, last.run_id) == (True, later.run_id)
+
+
+async def test_a_run_accepted_in_another_unit_of_work_is_queued_by_default(store: Store) -> None:
+    """A command accepts its run with accept_event inside its own transaction, without ``started``: the run
+    waits in the queue like any other.
+
+    Kills accept_event's ``started: bool = True`` (such a run recorded as running, its attempt counted)."""
+    run = _run()
+    accepted = await store.db.write(lambda conn: accept_event(
+        conn, dedupe_key="cmd:1", platform="telegram", kind="chat", session_key=KEY, payload={}, run=run))
+    row = await store.get_run(run.id)
+    assert accepted.duplicate is False and row is not None and (row.status, row.attempts) == ("queued", 0)
