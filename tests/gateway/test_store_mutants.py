@@ -311,3 +311,16 @@ async def test_a_run_accepted_in_another_unit_of_work_is_queued_by_default(store
         conn, dedupe_key="cmd:1", platform="telegram", kind="chat", session_key=KEY, payload={}, run=run))
     row = await store.get_run(run.id)
     assert accepted.duplicate is False and row is not None and (row.status, row.attempts) == ("queued", 0)
+
+
+async def test_a_commands_effects_are_applied_with_its_reply_once(store: Store) -> None:
+    """A command's changes run in the transaction that stores its reply, and not again for a replayed event.
+
+    Kills enqueue's ``effect(None)`` (the change made without the transaction's connection)."""
+    accepted = await store.accept("telegram:9", "telegram", "command", KEY, {})
+    seen: list[object] = []
+    rows = await store.enqueue([_part("cmd:9")], accepted.inbox_id, effects=[
+        lambda conn: seen.append(conn.execute(sa.select(sa.literal(1))).scalar_one())])
+    assert rows is not None and seen == [1]
+    assert await store.enqueue([_part("cmd:9")], accepted.inbox_id, effects=[seen.append]) is None
+    assert seen == [1]
