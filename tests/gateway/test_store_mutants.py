@@ -24,6 +24,7 @@ from gateway.store import (
     Store,
     accept_event,
 )
+from platforms.base import Choice
 
 KEY = "telegram:dm:100"
 SESSION = SessionRef(KEY, "telegram", "100", "100", None)
@@ -324,3 +325,11 @@ async def test_a_commands_effects_are_applied_with_its_reply_once(store: Store) 
     assert rows is not None and seen == [1]
     assert await store.enqueue([_part("cmd:9")], accepted.inbox_id, effects=[seen.append]) is None
     assert seen == [1]
+
+
+async def test_a_parts_choices_are_stored_with_it(store: Store) -> None:
+    """Kills _outbox_values' ``"XXchoicesXX"`` / ``"CHOICES"`` (the column left empty), ``if (p.choices) and
+    False`` and ``json.dumps(None)`` (a prompt's buttons lost between the run's end and the send)."""
+    choices = (Choice("Approve", "/approve"), Choice("Deny", "/deny", style="danger"))
+    await store.enqueue([_part("c:0", choices=choices), _part("c:1", "101")])
+    assert {r.dedupe_key: r.choices for r in await store.pending_outbox()} == {"c:0": choices, "c:1": ()}
