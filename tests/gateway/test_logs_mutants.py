@@ -131,3 +131,30 @@ def test_the_start_of_a_wrapped_encoded_secret_is_held_back_across_lines() -> No
     redact = Redactor([secret])
     shown = redact.redact_unfinished(f"here it is:\n{encoded[:40]}\n{encoded[40:56]}")
     assert shown == "here it is:\n"
+
+
+# -- found by the run of 2026-12-04 ----------------------------------------------------------------------------
+
+def test_a_secret_in_json_that_keeps_its_non_ascii_characters_is_redacted() -> None:
+    """JSON written with ``ensure_ascii=False`` escapes the quote but keeps "ä": its own form of the secret.
+
+    Kills _forms' ``json.dumps(None, ensure_ascii=False)``, ``ensure_ascii=None`` / ``True`` / left out (only the
+    ASCII-escaped form) and the ``[2:-1]`` / ``[1:-2]`` slices (the form's first or last character left out:
+    "p" or "2" left in the text)."""
+    secret = 'pässwört"2024'
+    text = json.dumps({"password": secret}, ensure_ascii=False)
+    assert Redactor([secret])(text) == json.dumps({"password": REDACTED})
+
+
+def test_an_unfinished_long_form_that_wraps_is_held_back_from_its_start() -> None:
+    """A streamed text that ends in the first 69 bytes of a 70-character secret's hex dump (bytes apart, as
+    ``xxd`` prints them) is held back from the dump's start: past the first ``_UNFINISHED_ATOMS`` bytes the rest
+    may be anything.
+
+    Kills _Form.start_pattern's ``pattern = None``, ``atoms[+1]`` / ``atoms[-2]`` (the wrong byte where the
+    followed start ends), ``(?s:.*)`` dropped (``and False``) or misspelt, and ``reversed(atoms[:-2])`` (a byte
+    of the start skipped): each lets the start of the dump out."""
+    secret = "".join(chr(ord("a") + i % 26) for i in range(70))
+    dump = " ".join(f"{byte:02x}" for byte in secret.encode()[:69])
+    assert len(dump.split()) > logs._UNFINISHED_ATOMS
+    assert Redactor([secret]).redact_unfinished(f"the dump: {dump}") == "the dump: "
