@@ -114,3 +114,10 @@ def test_a_worker_runs_under_its_limits_as_the_sandboxs_user(limits_pool: tuple[
     assert hard == -1  # RLIM_INFINITY: the next call can be given its own budget
     if os.geteuid() == 0:
         assert (answer["uid"], answer["gid"], answer["groups"]) == (NOBODY, NOBODY, [])
+
+
+def test_an_exit_status_above_128_that_names_no_signal_is_a_plain_exit() -> None:
+    """A worker that exits with 227 (128 + 99, no signal has that number) exited; it was not killed.
+
+    Kills exit_text's ``contextlib.suppress(None)`` (the ValueError of ``signal.Signals(99)`` escapes)."""
+    assert exit_text(128 + 99) == "exited with status 227"
