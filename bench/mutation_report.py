@@ -506,7 +506,7 @@ def _run_text(run: dict[str, Any]) -> str:
                           for r in run.get("reruns") or [])
 
 
-def markdown(per_module: dict[str, dict[str, Any]], survivors: list[Survivor]) -> str:
+def markdown(per_module: dict[str, dict[str, Any]], survivors: list[Survivor], notes: list[str]) -> str:
     total_tried = sum(m["tried"] for m in per_module.values())
     total_killed = sum(m["killed"] for m in per_module.values())
     classes = Counter(s.triage.get("class", "unclassified") for s in survivors)
@@ -526,6 +526,7 @@ def markdown(per_module: dict[str, dict[str, Any]], survivors: list[Survivor]) -
            "wording) or *gap* (what no test holds, and the test that would). `bench/results/mutation.json` "
            "has the diffs; `bench/mutation_triage.toml` holds the classes; survivors tried again after tests "
            "were added (`--rerun`) are named in the last column.", "",
+           *(line for note in notes for line in (note, "")),
            "How: mutmut 3 copies the tree to `mutants/`, mutates each function there behind a trampoline and runs, "
            "for each mutant, the tests that call that function (mapped once by running them all), fastest first. "
            "Subprocesses see the mutants too: `.venv-mutate` (a copy of `.venv` whose editable install points at "
@@ -609,7 +610,7 @@ def publish(checkout: Path) -> int:
 
 
 def report(modules: list[str], runs: dict[str, dict[str, Any]], previous: dict[str, Any], *,
-           markdown_section: bool) -> int:
+           markdown_section: bool, notes: list[str] | None = None) -> int:
     """The report of ``modules`` from ``mutants/`` (``runs``: when and how each was run), with the other modules
     of the ``previous`` report kept as they were."""
     judged, judged_survivors = collect(modules)
@@ -622,8 +623,9 @@ def report(modules: list[str], runs: dict[str, dict[str, Any]], previous: dict[s
     per_module = {path: {**kept, **judged}[path] for path in SCOPE if path in kept or path in judged}
     survivors = [s for s in [*kept_survivors, *judged_survivors] if s.file in per_module]
     survivors.sort(key=lambda s: (list(SCOPE).index(s.file), _mutant_order(s.name)))
-    text = markdown(per_module, survivors)
-    write_json({"markdown": text}, per_module, survivors)
+    notes = previous.get("notes", []) if notes is None else notes
+    text = markdown(per_module, survivors, notes)
+    write_json({"markdown": text, "notes": notes}, per_module, survivors)
     if markdown_section:
         write_markdown(text)
     print(text)
@@ -661,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerun", action="store_true",
                         help="try the survivors in mutants/ again (after adding tests to the files they ran)")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch bench/RESULTS.md")
+    parser.add_argument("--note", action="append",
+                        help="a sentence for the report (about modules not run, say); repeat for more; kept until "
+                             "given again")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the project's virtualenv to copy")
     parser.add_argument("--stubs", action="store_true",
                         help="print bench/mutation_triage.toml entries to fill in for the unclassified survivors")
@@ -690,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = dict.fromkeys(args.modules, this)
     else:
         runs = {path: earlier.get(path, {}) for path in args.modules}
-    return report(args.modules, runs, previous, markdown_section=not args.no_markdown)
+    return report(args.modules, runs, previous, markdown_section=not args.no_markdown, notes=args.note)
 
 
 if __name__ == "__main__":
