@@ -127,3 +127,18 @@ async def test_shutdown_returns_once_the_lanes_have_stopped() -> None:
     await asyncio.wait_for(started.wait(), 5)
     await lanes.shutdown()
     assert cleaned == ["work"] and lanes.active == 0
+
+
+async def test_stop_before_the_lane_has_started_its_first_item() -> None:
+    """A /stop that lands right after a message was submitted, before the lane's worker took it: nothing is
+    running yet, so nothing is stopped (and the item then runs).
+
+    Kills cancel_current's ``lane.current is None and lane.current.done()`` (None.done() raises)."""
+    lanes, ran = SessionLanes(), []
+
+    async def work() -> None:
+        ran.append("work")
+
+    lanes.submit("s", work)
+    assert lanes.cancel_current("s") is False
+    assert await lanes.wait_idle(5) and ran == ["work"]
