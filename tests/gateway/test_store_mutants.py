@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 import sqlalchemy as sa
 
-from gateway.schema import messages_t, run_usage_t
+from gateway.schema import inbox_t, messages_t, run_usage_t
+from gateway.shared_limits import UserCharge, hour_usage
 from gateway.steering import Steered
 from gateway.store import (
     ChatMessage,
@@ -333,3 +334,38 @@ async def test_a_parts_choices_are_stored_with_it(store: Store) -> None:
     choices = (Choice("Approve", "/approve"), Choice("Deny", "/deny", style="danger"))
     await store.enqueue([_part("c:0", choices=choices), _part("c:1", "101")])
     assert {r.dedupe_key: r.choices for r in await store.pending_outbox()} == {"c:0": choices, "c:1": ()}
+
+
+async def test_a_runs_end_charges_its_user_and_applies_its_effects(store: Store) -> None:
+    """The run's model calls and tokens go to its user's hourly budget, and its other effects run with the
+    completion, in its transaction.
+
+    Kills _finish_run's ``charge_user`` with an argument replaced by None or left out, and ``effect(None)``."""
+    inbox_id, run_id = await _accepted(store, "telegram:1")
+    seen: list[object] = []
+    done = RunCompletion(run_id, inbox_id, "completed", charge=UserCharge("telegram:100", 3, 1200), effects=[
+        lambda conn: seen.append(conn.execute(sa.select(sa.literal(1))).scalar_one())])
+    await store.finish_run(done)
+    assert seen == [1]
+    assert await store.db.read(lambda conn: hour_usage(conn, "telegram:100", time.time())) == (3, 1200)
+
+
+async def test_a_steered_messages_inbox_event_is_done(store: Store) -> None:
+    """Kills _finish_run's ``"b_status": "XXdoneXX"`` / ``"DONE"`` for a steered message's inbox event (no longer
+    pending or running, but not done either)."""
+    inbox_id, run_id = await _accepted(store, "telegram:1")
+    steered_inbox, steered_run = await _accepted(store, "telegram:2")
+    await store.finish_run(RunCompletion(run_id, inbox_id, "completed",
+                                         steered=[Steered("and this", steered_inbox, steered_run)]))
+    statuses = await store.db.read(lambda conn: conn.execute(sa.select(inbox_t.c.status)).scalars().all())
+    assert statuses == ["done", "done"]
+
+
+async def test_a_runs_usage_without_a_session_has_an_empty_session_key(store: Store) -> None:
+    """A webhook run has no session: its usage row's session key is empty. Kills the ``session_key or "..."``
+    fallback misspelt."""
+    inbox_id, run_id = await _accepted(store, "webhook:1")
+    usage = RunUsage("webhook", None, "gpt-test", 10, 5)
+    await store.finish_run(RunCompletion(run_id, inbox_id, "completed", usage=usage))
+    keys = await store.db.read(lambda conn: conn.execute(sa.select(run_usage_t.c.session_key)).scalars().all())
+    assert keys == [""]
