@@ -138,7 +138,7 @@ def test_the_start_of_a_wrapped_encoded_secret_is_held_back_across_lines() -> No
 def test_a_secret_in_json_that_keeps_its_non_ascii_characters_is_redacted() -> None:
     """JSON written with ``ensure_ascii=False`` escapes the quote but keeps "ä": its own form of the secret.
 
-    Kills _forms' ``json.dumps(None, ensure_ascii=False)``, ``ensure_ascii=None`` / ``True`` / left out (only the
+    Kills _forms' ``json.dumps(None, ensure_ascii=False)``, ``ensure_ascii=True`` / left out (only the
     ASCII-escaped form) and the ``[2:-1]`` / ``[1:-2]`` slices (the form's first or last character left out:
     "p" or "2" left in the text)."""
     secret = 'pässwört"2024'
