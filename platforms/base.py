@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, Protocol, get_args
 
+from platforms.files import AttachmentUnavailable, OutgoingFile, OutgoingKind
+
 AttachmentKind = Literal["photo", "document", "voice", "audio", "video", "file"]
 ChatType = Literal["dm", "group", "channel"]
 
@@ -379,6 +381,26 @@ class BasePlatformAdapter(abc.ABC):
         """Make ``emoji`` the bot's reaction on a message, replacing ``previous`` (the bot's earlier one, if known);
         None only removes ``previous``. Unsupported unless the platform overrides it (and sets `can_react`)."""
         return SendResult(success=False, error=f"{self.name} does not support reactions")
+
+    # -- files (platforms/files.py) --
+
+    def upload_limit(self, kind: OutgoingKind) -> int:
+        """The largest file of ``kind`` the bot may send here, in bytes (0: it cannot send files)."""
+        return 0
+
+    async def fetch_attachment(self, attachment: Attachment, max_bytes: int) -> bytes:
+        """The content of an incoming attachment, through the platform's API with the bot's credentials.
+
+        Raises AttachmentTooLarge when it is over ``max_bytes`` (stopping the download there), AttachmentUnavailable
+        when the platform refuses or fails it."""
+        raise AttachmentUnavailable(f"{self.name}: downloading attachments is not supported")
+
+    async def send_file(self, chat_id: str, file: OutgoingFile, caption: str = "", reply_to: str | None = None,
+                        metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Send one file with an optional caption (already within ``max_message_length``), shown as its ``kind``
+        allows here. ``metadata`` is as for ``send`` (``delivery_id``, ``in_doubt``, ``thread_id``): a part in
+        doubt is looked up or sent again exactly as the platform allows, as for text."""
+        return SendResult(success=False, error=f"{self.name} cannot send files")
 
 
 # --- message splitting -------------------------------------------------------------------------------

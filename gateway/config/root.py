@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, SecretStr, f
 from gateway.config.approvals import ApprovalSettings
 from gateway.config.base import _Section, _StrOrList, _ToolsetPlatform, _unknown_toolsets
 from gateway.config.errors import _raise_if
+from gateway.config.media import MediaSettings
 from gateway.config.platforms import Platforms
 from gateway.config.sections import (
     AuthSettings,
@@ -69,6 +70,7 @@ class Config(_Root):
     commands: CommandSettings = Field(default_factory=CommandSettings)
     sessions: SessionPolicy = Field(default_factory=SessionPolicy)
     approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
+    media: MediaSettings = Field(default_factory=MediaSettings)
 
     @field_validator("toolsets")
     @classmethod

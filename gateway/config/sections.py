@@ -89,6 +89,9 @@ class ModelSettings(_Section):
     allowed: list[str] = Field(default_factory=list)
     # Per model name, its price (``/usage`` shows the cost of the tokens used with it); unlisted: cost unknown.
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    # Whether the model sees images (as image content parts): auto decides by the model's name (gateway/media);
+    # false sends none and offers the vision_analyze tool when media.vision is set.
+    vision: Literal["auto", True, False] = "auto"
 
     @field_validator("system_prompt_file")
     @classmethod
