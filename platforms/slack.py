@@ -8,7 +8,7 @@ envelope ack, or the HTTP 200) follows the inbox write. Slack's retries of one e
 What is answered: mentions in channels (in a thread, so a thread is one session), direct messages,
 replies in threads the bot is taking part in, the slash command (``/hermes new`` is ``/new``) and presses of
 the Block Kit buttons ``send_choices`` posts. Replies are converted from Markdown to Slack's mrkdwn
-(:func:`to_mrkdwn`).
+(:func:`to_mrkdwn`). Files shared with the bot are fetched, and files sent, through platforms/slack_files.py.
 
 A press is acknowledged before the gateway sees it: Slack shows the presser an error when the ack takes over
 3 seconds and never delivers an interaction again, so the press is handed to ``on_message`` after the ack
@@ -51,7 +51,9 @@ from platforms.base import (
     SendResult,
     split_message,
 )
+from platforms.files import AttachmentUnavailable, OutgoingFile, OutgoingKind
 from platforms.rich_text import mrkdwn_length, to_mrkdwn
+from platforms.slack_files import UPLOAD_LIMIT, download, file_origins, private_url, upload
 
 __all__ = ["CHOICE_ACTION_PREFIX", "MAX_PART_LENGTH", "SlackAdapter", "SlackSettings", "SlackStartupError",
            "to_mrkdwn"]
@@ -135,6 +137,7 @@ class SlackAdapter(BasePlatformAdapter):
         self._threads: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._unavailable: dict[str, str] = {}  # method -> the error that made the adapter stop calling it
         self._presses: set[asyncio.Task[None]] = set()  # presses acked to Slack, being handed to the gateway
+        self._file_origins = file_origins(settings.api_base_url)  # where the bot token may go for a download
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -525,6 +528,52 @@ class SlackAdapter(BasePlatformAdapter):
             return SendResult(success=False, error=f"slack: reactions.remove: {error}")
         return SendResult(success=True, message_id=message_id)
 
+    # ----------------------------------------------------------------- files
+
+    def upload_limit(self, kind: OutgoingKind) -> int:
+        """Slack's 1 GB, for every kind (all go as files)."""
+        return UPLOAD_LIMIT
+
+    async def fetch_attachment(self, attachment: Attachment, max_bytes: int) -> bytes:
+        """A shared file's bytes from its private URL with the bot token, which goes to Slack's hosts only.
+
+        A file the event named only by id is looked up with files.info first. Raises AttachmentTooLarge past
+        ``max_bytes``, AttachmentUnavailable otherwise (retryable for the network, timeouts, 5xx and rate limits)."""
+        client, session = self._sender, self._session
+        if client is None or session is None:
+            raise AttachmentUnavailable("slack is not connected", retryable=True)
+        try:
+            url = attachment.url or await private_url(client, attachment.file_id)
+            return await download(session, self.settings.bot_token, self._file_origins, attachment, url, max_bytes)
+        except SlackApiError as exc:
+            failure = _failure(exc)
+            raise AttachmentUnavailable(f"{failure.error} (files.info)", retryable=failure.retryable) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise AttachmentUnavailable(f"slack: the download failed: {exc!r}", retryable=True) from None
+
+    async def send_file(self, chat_id: str, file: OutgoingFile, caption: str = "", reply_to: str | None = None,
+                        metadata: Mapping[str, str] | None = None) -> SendResult:
+        """Upload v2 (platforms/slack_files.py): ``file`` shared in the thread named by ``metadata["thread_id"]``
+        with ``caption`` as its comment (mrkdwn, as ``send``); every kind goes as a file (Slack shows an image
+        inline). ``message_id`` is the share message's ``ts``.
+
+        Once per ``delivery_id``: an attempt after one that got as far as the upload (``in_doubt`` after a crash, or
+        a retry after an answer lost on the way back) first looks that file up and does not share it again."""
+        if file.size > UPLOAD_LIMIT:
+            return SendResult(success=False, error=f"slack: {file.name} is over Slack's 1 GB limit")
+        session = self._session
+        if session is None:
+            return SendResult(success=False, error="slack is not connected", retryable=True)
+        meta = metadata or {}
+        thread = meta.get("thread_id")
+        comment = to_mrkdwn(caption) if caption else ""
+        result = await self._guarded(chat_id, lambda client: upload(
+            client, session, self.state_store, chat_id, file, comment=comment, thread=thread,
+            delivery=meta.get("delivery_id")))
+        if result.success and thread:
+            self._remember_thread(chat_id, thread)
+        return result
+
     async def _optional(self, chat_id: str, method: str,
                         request: Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]]) -> str | None:
         """A call that is nice to have: its error code (None: it worked). An answer meaning the app may not call
@@ -551,18 +600,27 @@ class SlackAdapter(BasePlatformAdapter):
 
     async def _call(self, chat_id: str, request: Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]]
                     ) -> SendResult:
+        """A Web API call that posts or changes a message, named by the answer's ``ts``."""
+
+        async def posted(client: AsyncWebClient) -> str | None:
+            return (await request(client)).get("ts")
+
+        return await self._guarded(chat_id, posted)
+
+    async def _guarded(self, chat_id: str, request: Callable[[AsyncWebClient], Awaitable[str | None]]) -> SendResult:
+        """``request``'s message id as a SendResult; Slack's errors and the network's as failures."""
         client = self._sender
         if client is None:
             return SendResult(success=False, error="slack is not connected", retryable=True)
         try:
-            response = await request(client)
+            message_id = await request(client)
         except SlackApiError as exc:
             result = _failure(exc)
             logger.info("slack call in %s failed: %s", chat_id, result.error)
             return result
         except (aiohttp.ClientError, TimeoutError) as exc:
             return SendResult(success=False, error=f"slack: connection error: {exc!r}", retryable=True)
-        return SendResult(success=True, message_id=response.get("ts"))
+        return SendResult(success=True, message_id=message_id)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -619,4 +677,4 @@ def _attachment(file: Mapping[str, Any]) -> Attachment:
     kind: AttachmentKind = ("photo" if mime.startswith("image/") else "audio" if mime.startswith("audio/")
                             else "video" if mime.startswith("video/") else "file")
     return Attachment(kind=kind, file_id=file["id"], name=file.get("name"), mime_type=mime or None,
-                      size=file.get("size"), url=file.get("url_private"))
+                      size=file.get("size"), url=file.get("url_private_download") or file.get("url_private"))

@@ -12,6 +12,10 @@ next connection, as Slack does. With ``request_url`` set, events go instead as s
 Messages keep their Block Kit ``blocks``; ``user_presses_button`` delivers a ``block_actions`` interaction and
 ``responses`` records posts to its ``response_url`` (gateway/sim/slack_interactive.py).
 
+Files (gateway/sim/slack_files.py): the upload v2 flow (``files.getUploadURLExternal``, the upload URL,
+``files.completeUploadExternal``), ``files.info``, and private file URLs served to the bot token only; users share
+files with ``files=[sim.user_file(...)]`` in the message drivers.
+
 Drivers (``user_mentions_bot``, ``user_sends_dm``, ``user_replies_in_thread``, ``user_runs_command``,
 ``user_presses_button`` ...) play users; readers (``calls``, ``messages``, ``envelopes``, ``http_deliveries``)
 show what happened;
@@ -30,7 +34,7 @@ import logging
 import secrets
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlencode
@@ -38,6 +42,7 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 from aiohttp import web
 
+from gateway.sim.slack_files import FILE_SCOPES, FilesMixin, SimFile
 from gateway.sim.slack_interactive import BlocksError, ResponseUrls, block_actions_payload, find_button, parse_blocks
 from platforms.reaction_rules import SLACK_EMOJI_NAME
 
@@ -75,9 +80,9 @@ HTTP_DELIVERY_TIMEOUT = 3.0
 _APP_TOKEN_METHODS = frozenset({"apps.connections.open"})
 # The OAuth scope a method needs beyond what every bot has; refused with missing_scope when not granted.
 _REQUIRED_SCOPES = {"reactions.add": "reactions:write", "reactions.remove": "reactions:write",
-                   "assistant.threads.setStatus": "assistant:write"}
+                   "assistant.threads.setStatus": "assistant:write", **FILE_SCOPES}
 BOT_SCOPES = frozenset({"app_mentions:read", "channels:history", "chat:write", "commands", "groups:history",
-                        "im:history", "reactions:write", "assistant:write"})
+                        "im:history", "reactions:write", "assistant:write", "files:read", "files:write"})
 
 
 # --------------------------------------------------------------------------- records
@@ -126,6 +131,8 @@ class Message:
     """Emoji name -> the users reacting with it, in order."""
     blocks: list[JSON] | None = None
     """The Block Kit blocks it shows now (kept by a ``chat.update`` without ``blocks``)."""
+    files: list[JSON] | None = None
+    """The files it shares (a ``file_share`` message)."""
 
     @property
     def final_text(self) -> str:
@@ -141,6 +148,8 @@ class Message:
             event["thread_ts"] = self.thread_ts
         if self.blocks:
             event["blocks"] = self.blocks
+        if self.files:
+            event.update(subtype="file_share", files=self.files, upload=True)
         return event
 
 
@@ -278,6 +287,7 @@ class _Fault:
     status: int
     body: JSON | str
     headers: dict[str, str]
+    after_apply: bool = False  # the call takes effect, only its answer is this fault
 
 
 # --------------------------------------------------------------------------- the simulator
@@ -302,7 +312,13 @@ def _flag(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.lower() in ("true", "1"))
 
 
-class SlackSimulator:
+class _ApiError(Exception):
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class SlackSimulator(FilesMixin):
     """A Slack workspace with one installed app, on an ephemeral local port.
 
     Subscriptions follow a typical bot: ``app_mention`` plus ``message.channels/groups/im/mpim``, so a
@@ -322,6 +338,7 @@ class SlackSimulator:
         bot_id: str = "B0BOT",
         echo_bot_messages: bool = True,
     ) -> None:
+        super().__init__()
         self.bot_token = bot_token
         self.app_token = app_token
         self.signing_secret = signing_secret
@@ -348,6 +365,7 @@ class SlackSimulator:
             "reactions.add": self._add_reaction,
             "reactions.remove": self._remove_reaction,
             "assistant.threads.setStatus": self._set_assistant_status,
+            **self.file_handlers(),
         }
         self._calls: list[ApiCall] = []
         self._messages: dict[tuple[str, str], Message] = {}
@@ -375,6 +393,7 @@ class SlackSimulator:
         app.router.add_route("*", "/api/{method}", self._handle_api)
         app.router.add_get("/link/", self._handle_socket)
         app.router.add_post(ResponseUrls.path, self.responses.handle)
+        app.router.add_routes(self.file_routes())
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -510,10 +529,12 @@ class SlackSimulator:
         """HTTP 429 ``ratelimited`` with ``Retry-After`` for the next ``count`` calls of ``method``."""
         self.fail_next(method, "ratelimited", status=429, count=count, headers={"Retry-After": str(retry_after)})
 
-    def server_error_next(self, method: str, status: int = 503, count: int = 1) -> None:
-        """A non-JSON 5xx (as a proxy in front of Slack answers) for the next ``count`` calls."""
+    def server_error_next(self, method: str, status: int = 503, count: int = 1, *, after_apply: bool = False
+                          ) -> None:
+        """A non-JSON 5xx (as a proxy in front of Slack answers) for the next ``count`` calls; ``after_apply``: each
+        call takes effect and only its answer is lost."""
         for _ in range(count):
-            self._faults[method].append(_Fault(status, "upstream connect error or disconnect", {}))
+            self._faults[method].append(_Fault(status, "upstream connect error or disconnect", {}, after_apply))
 
     def lose_acks(self, n: int = 1, *, drop_socket: bool = False) -> None:
         """Treat the next ``n`` acks as lost in transit; ``drop_socket`` also kills the socket they came on."""
@@ -593,18 +614,19 @@ class SlackSimulator:
     # ----------------------------------------------------------------- user drivers
 
     async def user_mentions_bot(self, text: str, *, channel: str = DEFAULT_CHANNEL, user: str = DEFAULT_USER,
-                                thread_ts: str | None = None) -> UserAction:
-        """A user writes ``<@bot> text`` in a channel (optionally in a thread): app_mention + message events."""
-        message = self._user_message(channel, user, f"<@{self.bot_user_id}> {text}", thread_ts)
+                                thread_ts: str | None = None, files: Sequence[SimFile] = ()) -> UserAction:
+        """A user writes ``<@bot> text`` in a channel (optionally in a thread, sharing ``files``): app_mention +
+        message events."""
+        message = self._user_message(channel, user, f"<@{self.bot_user_id}> {text}", thread_ts, files)
         mention = {**self._event_fields(message), "type": "app_mention"}
         deliveries = [await self.deliver_event(mention),
                       await self.deliver_event({**self._event_fields(message), "channel_type": _channel_type(channel)})]
         return UserAction(message, deliveries)
 
-    async def user_sends_dm(self, text: str, *, user: str = DEFAULT_USER, thread_ts: str | None = None
-                            ) -> UserAction:
-        """A user writes to the bot in their direct-message channel (``dm_channel(user)``)."""
-        message = self._user_message(self.dm_channel(user), user, text, thread_ts)
+    async def user_sends_dm(self, text: str, *, user: str = DEFAULT_USER, thread_ts: str | None = None,
+                            files: Sequence[SimFile] = ()) -> UserAction:
+        """A user writes to the bot in their direct-message channel (``dm_channel(user)``), sharing ``files``."""
+        message = self._user_message(self.dm_channel(user), user, text, thread_ts, files)
         event = {**self._event_fields(message), "channel_type": "im"}
         return UserAction(message, [await self.deliver_event(event)])
 
@@ -849,7 +871,13 @@ class SlackSimulator:
             return 404, {"ok": False, "error": "unknown_method"}, {}
         if self._faults[call.method]:
             fault = self._faults[call.method].popleft()
+            if fault.after_apply:
+                self._apply(call, handler)
             return fault.status, fault.body, fault.headers
+        return self._apply(call, handler)
+
+    def _apply(self, call: ApiCall, handler: Callable[[ApiCall], JSON]) -> tuple[int, JSON | str, dict[str, str]]:
+        """Authorize and run a call."""
         expected = self.app_token if call.method in _APP_TOKEN_METHODS else self.bot_token
         if not call.token:
             return 200, {"ok": False, "error": "not_authed"}, {}
@@ -886,14 +914,19 @@ class SlackSimulator:
         if len(text or "") > MAX_TEXT_LENGTH:
             raise _ApiError("msg_too_long")
         thread_ts = str(p["thread_ts"]) if p.get("thread_ts") else None
-        message = Message(channel, self._next_ts(), text or "", self.bot_user_id, thread_ts, self.bot_id, p,
-                          metadata=_metadata(p.get("metadata")), blocks=parse_blocks(p.get("blocks")) or None)
+        message = self._bot_posts(channel, text or "", thread_ts, p, metadata=_metadata(p.get("metadata")),
+                                  blocks=parse_blocks(p.get("blocks")) or None)
+        return {"channel": channel, "ts": message.ts, "message": self._bot_message_json(message)}
+
+    def _bot_posts(self, channel: str, text: str, thread_ts: str | None, params: JSON, **extra: Any) -> Message:
+        """A new message of the bot (``extra``: its metadata, blocks or files), echoed as an event."""
+        message = Message(channel, self._next_ts(), text, self.bot_user_id, thread_ts, self.bot_id, params, **extra)
         self._messages[(channel, message.ts)] = message
         if self.echo_bot_messages:
             echo = {**self._bot_message_json(message), "channel": channel, "event_ts": message.ts,
                     "channel_type": _channel_type(channel)}
             self._spawn(self.deliver_event(echo))
-        return {"channel": channel, "ts": message.ts, "message": self._bot_message_json(message)}
+        return message
 
     def _own_message(self, call: ApiCall, refusal: str) -> tuple[str, str, Message]:
         """The channel, ts and message a call names, which must be the bot's own (else ``refusal``)."""
@@ -1014,8 +1047,11 @@ class SlackSimulator:
         n = next(self._seq)
         return f"{self._ts_base + n // 1_000_000}.{n % 1_000_000:06d}"
 
-    def _user_message(self, channel: str, user: str, text: str, thread_ts: str | None) -> Message:
+    def _user_message(self, channel: str, user: str, text: str, thread_ts: str | None,
+                      files: Sequence[SimFile] = ()) -> Message:
         message = Message(channel, self._next_ts(), text, user, thread_ts)
+        if files:
+            message.files = self.files_event_json(files, channel, message.ts, thread_ts)
         self._messages[(channel, message.ts)] = message
         return message
 
@@ -1030,11 +1066,7 @@ class SlackSimulator:
     def _changed(self) -> None:
         self._event.set()
 
-
-class _ApiError(Exception):
-    def __init__(self, error: str) -> None:
-        super().__init__(error)
-        self.error = error
+    _api_error = _ApiError  # for the files mixin
 
 
 def _channel_type(channel: str) -> str:
