@@ -27,6 +27,9 @@ Interactions (platforms/discord_interactions.py): ``send_choices`` puts buttons 
 presser. ``set_commands`` publishes the slash-command menu; an invocation is acknowledged with a deferred
 response and arrives as ``/<name> <args>`` whose ``message_id`` is ``interaction:<id>``: the reply part naming
 it edits that response, while its token is valid, instead of posting in the channel.
+
+Files (platforms/discord_files.py): ``fetch_attachment`` downloads an event's attachment from Discord's CDN (its
+own hosts only), ``send_file`` posts a message carrying one file, as exactly once as ``send`` (the same nonce).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from platforms.base import (
     SendResult,
 )
 from platforms.discord_cursors import Cursors
+from platforms.discord_files import AttachmentDownloader, FilesMixin
 from platforms.discord_interactions import NETWORK_ERRORS, Interactions, interaction_id, publish_menu
 from platforms.rich_text import discord_length, to_discord
 
@@ -202,7 +206,7 @@ class _ShardedClient(_Hooks, discord.AutoShardedClient):
 
 
 
-class DiscordAdapter(BasePlatformAdapter):
+class DiscordAdapter(FilesMixin, BasePlatformAdapter):
     """A Discord bot: DMs, guild channels (when mentioned or replied to, or always) and threads."""
 
     name = "discord"
@@ -243,6 +247,7 @@ class DiscordAdapter(BasePlatformAdapter):
         self._backfill_owed = False  # a new session started and its on_ready (which backfills) has not come
         self._interactions = Interactions()
         self._menu: list[MenuCommand] | None = None  # set_commands before connect: published once logged in
+        self._downloads = AttachmentDownloader(settings.api_base_url)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -312,6 +317,7 @@ class DiscordAdapter(BasePlatformAdapter):
             await asyncio.gather(self._flusher, return_exceptions=True)
             self._flusher = None
         await self._cursors.save()
+        await self._downloads.close()
         self._restore_endpoints()
         if self._state != AdapterState.FAILED:
             self._set_state(AdapterState.DISCONNECTED)
@@ -681,15 +687,21 @@ class DiscordAdapter(BasePlatformAdapter):
             if isinstance(answer, discord.Message):
                 return SendResult(success=True, message_id=str(answer.id))
             reply = answer
-        options: dict[str, Any] = {"allowed_mentions": self._mentions}
+        options = self._send_options(channel, reply, metadata)
         if view is not None:
             options["view"] = view
+        return await self._request(lambda: channel.send(text, **options), chat_id)
+
+    def _send_options(self, channel: discord.PartialMessageable, reply: int | None,
+                      metadata: Mapping[str, str] | None) -> dict[str, Any]:
+        """``channel.send`` options of a new message: mentions, the reply, the delivery's nonce."""
+        options: dict[str, Any] = {"allowed_mentions": self._mentions}
         if reply is not None:
             options["reference"] = discord.MessageReference(message_id=reply, channel_id=channel.id,
                                                             fail_if_not_exists=False)
         if delivery_id := (metadata or {}).get("delivery_id"):
             options["nonce"] = delivery_nonce(delivery_id)  # discord.py sends it with enforce_nonce
-        return await self._request(lambda: channel.send(text, **options), chat_id)
+        return options
 
     async def set_commands(self, commands: Sequence[MenuCommand]) -> None:
         """Publish the slash-command menu (see ``publish_menu``), globally or in each of ``command_guilds``;
@@ -773,7 +785,10 @@ class DiscordAdapter(BasePlatformAdapter):
                               retryable=True, retry_after=exc.retry_after)
         if not isinstance(exc, discord.HTTPException):
             return SendResult(success=False, error=f"discord: network error: {exc!r}", retryable=True)
-        error = f"discord: HTTP {exc.status} (code {exc.code}): {exc.text or exc.response.reason}"
+        detail = f"HTTP {exc.status} (code {exc.code}): {exc.text or exc.response.reason}"
+        if exc.status == 413:  # an upload over Discord's limit (lower than the cached guild's boosts said)
+            return SendResult(success=False, error=f"discord: the file is too large to upload here ({detail})")
+        error = f"discord: {detail}"
         if exc.status == 429 or exc.status >= 500:  # 429 here: one discord.py would not wait out (no Via header)
             return SendResult(success=False, error=error, retryable=True)
         if exc.status in (401, 403):

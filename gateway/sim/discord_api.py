@@ -11,7 +11,8 @@ Drivers (``user_sends_dm``, ``user_sends`` ...) play users; readers (``rest_call
 ``received`` ...) show what the bot did; ``fail_next`` / ``drop_next`` and the gateway controls
 (``withhold_acks``, ``suspend_delivery``, ``cut_connections``, ``send_reconnect``,
 ``invalidate_sessions``, ``reject_identify``) inject faults. Message components, button presses and slash
-commands (``user_presses``, ``user_invokes`` ...) are in gateway/sim/discord_interactions.py.
+commands (``user_presses``, ``user_invokes`` ...) are in gateway/sim/discord_interactions.py; attachments, the
+CDN and multipart uploads in gateway/sim/discord_files.py.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ from typing import Any, Literal, TypeVar
 import aiohttp
 from aiohttp import web
 
+from gateway.sim.discord_files import (
+    CDN_PATH,
+    CDN_ROUTE,
+    MAX_REQUEST_SIZE,
+    AttachmentSpec,
+    FilesMixin,
+    UploadedPart,
+    read_body,
+)
 from gateway.sim.discord_interactions import (
     INTERACTION_ROUTES,
     INTERACTION_UNAUTHENTICATED,
@@ -118,6 +128,8 @@ class RestCall:
     status: int | None = None
     outcome: str = "pending"
     response: Any = None
+    files: tuple[UploadedPart, ...] = ()
+    """A multipart request's file parts (``body`` is then its ``payload_json``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,15 +140,6 @@ class GatewayOp:
     op: int
     d: Any
     t: float
-
-
-@dataclass(slots=True, frozen=True)
-class AttachmentSpec:
-    """A file a simulated user attaches to a message."""
-
-    filename: str
-    content_type: str = "application/octet-stream"
-    size: int = 1024
 
 
 @dataclass(slots=True, eq=False)
@@ -233,7 +236,7 @@ _ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
         *INTERACTION_ROUTES,
     )
 )
-_ROUTE_NAMES = frozenset(name for _, _, name in _ROUTES)
+_ROUTE_NAMES = frozenset(name for _, _, name in _ROUTES) | {CDN_ROUTE}
 _UNAUTHENTICATED = frozenset({"gateway"}) | INTERACTION_UNAUTHENTICATED
 
 
@@ -255,7 +258,7 @@ def _ratelimit_headers(route: str, remaining: int, reset_after: float) -> dict[s
     }
 
 
-class DiscordSimulator(InteractionsMixin):
+class DiscordSimulator(FilesMixin, InteractionsMixin):
     """A Discord gateway and REST API on an ephemeral local port, with drivers, readers and faults.
 
     One guild (``GUILD_ID``) with text channels ``GENERAL_ID`` and ``RANDOM_ID``; users Alice
@@ -316,10 +319,11 @@ class DiscordSimulator(InteractionsMixin):
         """Listen on ``host:port`` (0 = ephemeral). State survives stop() and a new start()."""
         if self._runner is not None:
             raise RuntimeError("DiscordSimulator is already running")
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_REQUEST_SIZE)
         app.router.add_get("/gateway", self._handle_gateway)
         app.router.add_get(_RESUME_PATH, self._handle_gateway)
         app.router.add_route("*", "/api/v{version:\\d+}/{path:.*}", self._handle_rest)
+        app.router.add_get(CDN_PATH, self._handle_cdn)
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
@@ -594,9 +598,7 @@ class DiscordSimulator(InteractionsMixin):
         reference = self._messages.get(reply_to) if reply_to is not None else None
         if reply_to is not None and reference is None:
             raise ValueError(f"no message {reply_to} to reply to")
-        files = [{"id": str(self._new_id()), "filename": a.filename, "size": a.size, "content_type": a.content_type,
-                  "url": f"{self.url}/attachments/{channel_id}/{a.filename}",
-                  "proxy_url": f"{self.url}/attachments/{channel_id}/{a.filename}"} for a in attachments]
+        files = self._user_attachments(channel_id, attachments)
         allowed = None if ping_reply else {"parse": ["users", "roles", "everyone"], "replied_user": False}
         return self._post(channel, self._users[user_id], content, reference=reference, allowed=allowed,
                           replied_user=ping_reply, attachments=files)
@@ -738,7 +740,7 @@ class DiscordSimulator(InteractionsMixin):
                          "flags": 0}],
             "member_count": len(self._users), "joined_at": _iso(), "large": False, "unavailable": False,
             "verification_level": 0, "default_message_notifications": 0, "explicit_content_filter": 0,
-            "mfa_level": 0, "nsfw_level": 0, "premium_tier": 0, "system_channel_flags": 0,
+            "mfa_level": 0, "nsfw_level": 0, "premium_tier": guild.get("premium_tier", 0), "system_channel_flags": 0,
             "preferred_locale": "en-US", "afk_timeout": 300,
         }
 
@@ -880,13 +882,9 @@ class DiscordSimulator(InteractionsMixin):
         path = "/" + request.match_info["path"]
         match = next(((name, m) for method, pattern, name in _ROUTES
                       if method == request.method and (m := pattern.fullmatch(path))), None)
-        body: Any = None
-        if request.can_read_body:
-            raw = await request.read()
-            with contextlib.suppress(ValueError):
-                body = json.loads(raw) if raw else None
+        body, files = await read_body(request)
         call = RestCall(match[0] if match else "unknown", request.method, path, dict(request.query), body,
-                        dict(request.headers), time.monotonic())
+                        dict(request.headers), time.monotonic(), files=files)
         self._calls.append(call)
         self._changed()
         if match is None:
@@ -986,7 +984,7 @@ class DiscordSimulator(InteractionsMixin):
         channel = self._channel(channel_id)
         body = call.body if isinstance(call.body, dict) else {}
         content = self._check_content(body.get("content"))
-        if not content:
+        if not content and not call.files:
             raise _ApiError(400, 50006, "Cannot send an empty message")
         components = self._components(body.get("components"))
         nonce = body.get("nonce")
@@ -1003,9 +1001,11 @@ class DiscordSimulator(InteractionsMixin):
                 raise _ApiError(400, 50035, "Invalid Form Body", {"message_reference": {"_errors": [
                     {"code": "MESSAGE_REFERENCE_UNKNOWN_MESSAGE", "message": "Unknown message"}]}})
         allowed = body.get("allowed_mentions")
+        attachments = self._uploads(channel, call.files)
         message = self._post(channel, self.bot_user, content, reference=reference, allowed=allowed,
                              replied_user=bool((allowed or {}).get("replied_user", allowed is None)),
-                             nonce=None if nonce is None else str(nonce), fields={"components": components})
+                             attachments=attachments, nonce=None if nonce is None else str(nonce),
+                             fields={"components": components})
         mid = int(message["id"])
         self._bot_created.append(mid)
         if nonce is not None:
