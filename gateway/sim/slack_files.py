@@ -17,7 +17,6 @@ asynchronously: seconds before a share shows in files.info), ``fail_download_nex
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
 import time
@@ -126,6 +125,8 @@ class Download:
     status: int
     served: Literal["file", "sign-in page", "fault", "stream", "not found"]
     bytes_sent: int = 0
+    hung_up: bool = False
+    """An endless stream (``stream_download_next``) the client stopped reading and closed."""
     t: float = field(default_factory=time.monotonic)
 
 
@@ -342,11 +343,12 @@ class FilesMixin:
         response.enable_chunked_encoding()
         await response.prepare(request)
         chunk = (file.data or b"\0") * (_STREAM_CHUNK // max(1, len(file.data or b"\0")) + 1)
-        with contextlib.suppress(ConnectionError):
+        try:
             while record.bytes_sent < _STREAM_CAP:
                 await response.write(chunk)
                 record.bytes_sent += len(chunk)
-                self._changed()
+        except ConnectionError:
+            record.hung_up = True
         self._changed()
         return response
 
