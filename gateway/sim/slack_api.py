@@ -631,9 +631,9 @@ class SlackSimulator(FilesMixin):
         return UserAction(message, [await self.deliver_event(event)])
 
     async def user_replies_in_thread(self, thread_ts: str, text: str, *, channel: str = DEFAULT_CHANNEL,
-                                     user: str = DEFAULT_USER) -> UserAction:
-        """A user replies in a thread without mentioning the bot: one ``message`` event."""
-        message = self._user_message(channel, user, text, thread_ts)
+                                     user: str = DEFAULT_USER, files: Sequence[SimFile] = ()) -> UserAction:
+        """A user replies in a thread without mentioning the bot (sharing ``files``): one ``message`` event."""
+        message = self._user_message(channel, user, text, thread_ts, files)
         event = {**self._event_fields(message), "channel_type": _channel_type(channel)}
         return UserAction(message, [await self.deliver_event(event)])
 

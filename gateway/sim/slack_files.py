@@ -318,7 +318,7 @@ class FilesMixin:
         file = self._files.get(file_id) if team == self.team_id else None
         if self._download_faults:
             fault = self._download_faults.popleft()
-            if fault.status is None and file is not None and file.data is not None:
+            if fault.status is None and file is not None:
                 return await self._stream_endlessly(request, record, file)
             record.status, record.served = fault.status or 500, "fault"
             if record.status in (301, 302, 303, 307, 308):
@@ -342,7 +342,7 @@ class FilesMixin:
         response = web.StreamResponse(headers={"Content-Type": file.mimetype})
         response.enable_chunked_encoding()
         await response.prepare(request)
-        chunk = (file.data or b"\0") * (_STREAM_CHUNK // max(1, len(file.data or b"\0")) + 1)
+        chunk = bytes(_STREAM_CHUNK)
         try:
             while record.bytes_sent < _STREAM_CAP:
                 await response.write(chunk)

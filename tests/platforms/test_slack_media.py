@@ -94,6 +94,19 @@ async def test_a_shared_file_is_downloaded_with_the_bot_token(sim: SlackSimulato
     assert sim.calls_of("files.info")[-1].params["file"] == hidden.file_id
 
 
+async def test_files_shared_in_a_channel_thread_arrive_with_their_messages(sim: SlackSimulator, adapter: SlackAdapter,
+                                                                           inbox: _Inbox) -> None:
+    chart, notes = sim.user_file("chart.png", PNG, "image/png"), sim.user_file("notes.pdf", PDF, "application/pdf")
+    mention = await sim.user_mentions_bot("what is this?", files=[chart])
+    await sim.wait_for(lambda: len(inbox.events) == 1)
+    await sim.user_replies_in_thread(mention.ts, "and this", files=[notes])  # the bot's thread: no mention needed
+    await sim.wait_for(lambda: len(inbox.events) == 2)
+    assert [(e.text, e.thread_id, [(a.kind, a.file_id) for a in e.attachments]) for e in inbox.events] == [
+        ("what is this?", mention.ts, [("photo", chart.id)]), ("and this", mention.ts, [("file", notes.id)])]
+    assert [await adapter.fetch_attachment(e.attachments[0], max_bytes=10**6) for e in inbox.events] == [PNG, PDF]
+    assert [s.channel for s in chart.shares + notes.shares] == [DEFAULT_CHANNEL, DEFAULT_CHANNEL]
+
+
 async def test_a_file_over_the_limit_is_refused_without_reading_it_all(sim: SlackSimulator, adapter: SlackAdapter,
                                                                       inbox: _Inbox) -> None:
     attachment = await _shared(sim, inbox, sim.user_file("chart.png", PNG, "image/png"))
