@@ -25,6 +25,8 @@ _HERMES_CORE_TOOLS: tuple[str, ...] = (
     "todo",
     "clarify",
     "cronjob",
+    "send_file",
+    "vision_analyze",
 )
 
 PLATFORMS: tuple[str, ...] = ("telegram", "discord", "slack", "webhook")
@@ -54,9 +56,10 @@ TOOLSETS: dict[str, Toolset] = {
     "todo": Toolset("A per-session checklist.", ["todo"]),
     "clarify": Toolset("Ask the user a question and wait for the answer.", ["clarify"]),
     "cronjob": Toolset("Schedule prompts to run later or repeatedly.", ["cronjob"]),
+    "media": Toolset("Send workspace files to the chat and look at images.", ["send_file", "vision_analyze"]),
     "debugging": Toolset("Terminal plus web and file tools.", ["terminal"], ["web", "file"]),
     "safe": Toolset("Everything except running commands.", [],
-                    ["web", "file", "memory", "todo", "clarify", "cronjob"]),
+                    ["web", "file", "memory", "todo", "clarify", "cronjob", "media"]),
     "hermes-core": Toolset("The core tools every chat platform gets.", list(_HERMES_CORE_TOOLS)),
     "hermes-telegram": Toolset("Tools for Telegram sessions.", [], ["hermes-core"]),
     "hermes-discord": Toolset("Tools for Discord sessions.", [], ["hermes-core"]),

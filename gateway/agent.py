@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
@@ -31,6 +31,7 @@ from gateway.model_errors import ModelError, explain
 from gateway.steering import TakeSteered
 from gateway.store import ChatMessage, RunUsage
 from tools.clarify_tool import parse_clarify
+from tools.media_tools import parse_attach, parse_show_image
 from tools.registry import tool_error, tool_result
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 OnText = Callable[[str], Awaitable[None]]
+ShowImage = Callable[[str, str], Awaitable[str]]
+"""(workspace, path in it) -> the image as a data URL for the model (gateway/media/outbound.py)."""
 # A model answer cut off before its end (finish_reason): delivered as far as it got, with this line, and the run
 # is ended by that reason (RunOutcome.ended_by).
 CUT_OFF_NOTES = {
@@ -87,6 +90,8 @@ class RunOutcome:
     """The answers a ``clarify`` question offers (shown as buttons)."""
     pending: list[tuple[dict[str, Any], Verdict]] = field(default_factory=list)
     """The calls waiting for a user's approval when ``ended_by`` is "approval" (gateway/approvals.py)."""
+    files: list[dict[str, str]] = field(default_factory=list)
+    """Files ``send_file`` asked to send with the answer (path, caption, as)."""
 
 
 def build_client(cfg: ModelSettings, max_connections: int = _SDK_MAX_CONNECTIONS) -> openai.AsyncOpenAI:
@@ -171,6 +176,8 @@ class Agent:
         self.tool_pool = tool_pool
         self.metrics = metrics
         self.system_prompt = cfg.system_prompt or DEFAULT_SYSTEM_PROMPT
+        self.show_image: ShowImage | None = None
+        """Set by the gateway: loads an image ``vision_analyze`` asks to show (None: images are not shown)."""
 
     async def run(self, messages: list[dict[str, Any]], plan: model_tools.ToolPlan, tool_ctx: dict[str, Any],
                   on_text: OnText | None = None, cancel: threading.Event | None = None,
@@ -188,12 +195,13 @@ class Agent:
             assistant = ChatMessage("assistant", None, list(approved))
             outcome.transcript.append(assistant)
             convo.append(assistant.to_openai())
-            for tc, (result, record) in zip(approved, await asyncio.gather(
-                    *(self._call_tool(tc, plan, tool_ctx, cancel) for tc in approved)), strict=True):
+            results = await asyncio.gather(*(self._call_tool(tc, plan, tool_ctx, cancel) for tc in approved))
+            for tc, (result, record) in zip(approved, results, strict=True):
                 outcome.tool_calls.append(record)
                 tool_msg = ChatMessage("tool", result, tool_call_id=tc["id"])
                 outcome.transcript.append(tool_msg)
                 convo.append(tool_msg.to_openai())
+            await self._take_media([result for result, _ in results], outcome, convo, tool_ctx)
         for _turn in range(self.cfg.max_turns):
             for steering in steer() if steer is not None else ():
                 message = ChatMessage("user", steering)
@@ -231,6 +239,7 @@ class Agent:
                                               for tc, v in zip(tool_calls, verdicts, strict=True)
                                               if v.action == "run")))
             question: tuple[str, list[str]] | None = None
+            results: list[str] = []
             for tc, verdict in zip(tool_calls, verdicts, strict=True):
                 result, record = next(ran) if verdict.action == "run" else self._held(tc, verdict)
                 if verdict.action == "ask":
@@ -240,6 +249,8 @@ class Agent:
                 outcome.transcript.append(tool_msg)
                 convo.append(tool_msg.to_openai())
                 question = question or parse_clarify(result)
+                results.append(result)
+            await self._take_media(results, outcome, convo, tool_ctx)
             if outcome.pending:
                 outcome.ended_by = "approval"  # the caller stores the request and writes the prompt
                 return outcome
@@ -249,6 +260,25 @@ class Agent:
                 return outcome
         return self._end(outcome, f"I stopped after {self.cfg.max_turns} steps without a final answer. "
                          "Ask me to continue, or narrow the request.", "max_turns")
+
+    async def _take_media(self, results: Sequence[str], outcome: RunOutcome, convo: list[dict[str, Any]],
+                          tool_ctx: Mapping[str, Any]) -> None:
+        """Files ``send_file`` asked for go with the answer; images ``vision_analyze`` asked to show follow the tool
+        results as a user message with image parts (a tool message cannot carry images), for this request only."""
+        shown: list[dict[str, Any]] = []
+        for result in results:
+            if (attach := parse_attach(result)) is not None:
+                outcome.files.append(attach)
+            if (path := parse_show_image(result)) is not None and self.show_image is not None:
+                try:
+                    url = await self.show_image(tool_ctx["workspace"], path)
+                except Exception as exc:  # the model hears why instead of seeing nothing
+                    shown.append({"type": "text", "text": f"[{path} could not be shown: {exc}]"})
+                else:
+                    shown += [{"type": "text", "text": f"The image {path}:"},
+                              {"type": "image_url", "image_url": {"url": url}}]
+        if shown:
+            convo.append({"role": "user", "content": shown})
 
     @staticmethod
     def _held(tc: dict[str, Any], verdict: Verdict) -> tuple[str, dict[str, Any]]:

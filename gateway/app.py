@@ -22,6 +22,7 @@ from gateway.cron import CronService, StoreCronBackend
 from gateway.dashboard import DashboardContext, mount_dashboard
 from gateway.http import HttpServer
 from gateway.logs import redactor
+from gateway.media.run_media import vision_describer
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.retention import Pruner, check_dedupe_window
@@ -35,6 +36,7 @@ from gateway.tool_state import install_tool_backends, uninstall_tool_backends
 from gateway.watchdog import LoopWatchdog
 from platforms.base import AdapterState, BasePlatformAdapter
 from tools.cronjob_tools import set_cron_backend
+from tools.media_tools import set_describer
 from tools.plugins import LoadedPlugins, load_plugins
 from tools.registry import registry
 from tools.sandbox import SandboxPool
@@ -146,6 +148,7 @@ class Gateway:
             self.mcp = mcp
         self._source_toolsets = install_source_toolsets(cfg, self.plugins)
         install_tool_backends(self.store, asyncio.get_running_loop())
+        set_describer(vision_describer(cfg))
         runs = cfg.gateway.max_concurrent_runs + cfg.gateway.max_concurrent_webhook_runs
         self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time
         await load_sdk_modules()
@@ -306,6 +309,7 @@ class Gateway:
         await asyncio.to_thread(stop_sandbox, self.sandbox)
         reset_tool_settings()  # the tool settings are process-wide: leave them as we found them
         uninstall_tool_backends()
+        set_describer(None)
         set_cron_backend(None)
         for name in self._source_toolsets:
             remove_source_toolset(name)

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from gateway.metrics import Metrics
 from gateway.store import Claim, OutboxRow, Store
 from platforms.base import BasePlatformAdapter, SendResult
+from platforms.files import OutgoingFile
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +244,12 @@ class OutboxSender:
                 return result
             logger.info("outbox %s: edit of %s failed (%s); sending a new message", row.id, row.edit_message_id,
                         result.error)
+        if row.file is not None:
+            data = await self.store.outbox_file(row.file.sha256)
+            if data is None:
+                return SendResult(success=False, error=f"the bytes of {row.file.name} are gone from the store")
+            file = OutgoingFile(row.file.kind, row.file.name, row.file.mime_type, data)  # type: ignore[arg-type]
+            return await adapter.send_file(row.chat_id, file, row.text, reply_to=row.reply_to, metadata=metadata)
         if row.choices:
             return await adapter.send_choices(row.chat_id, row.text, row.choices, reply_to=row.reply_to,
                                               metadata=metadata)

@@ -46,6 +46,7 @@ from gateway.schema import (
     inbox_t,
     messages_t,
     metadata,
+    outbox_files_t,
     outbox_t,
     pairing_codes_t,
     pairing_failures_t,
@@ -64,8 +65,8 @@ logger = logging.getLogger(__name__)
 BATCH_PAUSE = 0.05  # seconds between two batches: other writers go first
 VACUUM_STEP = 512  # SQLite pages handed back per write (2 MiB at the default page size)
 VACUUM_RESERVE = 0.1  # free pages kept for new rows, as a share of the file, before any are handed back
-KINDS = ("events", "dedupe", "transcripts", "summaries", "outbox", "usage", "approvals", "interactions", "pairing",
-         "limits")
+KINDS = ("events", "dedupe", "transcripts", "summaries", "outbox", "files", "usage", "approvals", "interactions",
+         "pairing", "limits")
 
 
 @dataclass(slots=True)
@@ -220,6 +221,11 @@ def _kinds(cut: _Cutoffs) -> list[_Kind]:
                            outbox_t.c.created_at, cut.outbox))
         kinds.append(_Kind("outbox", outbox_t, outbox_t.c.id, sa.and_(failed, outbox_t.c.created_at < cut.outbox),
                            outbox_t.c.status == "failed", outbox_t.c.created_at, cut.outbox))
+    # A sent file's bytes go once no undelivered part needs them (they are written with their parts, in one
+    # transaction, so none is ever missing while its part waits).
+    files = outbox_files_t
+    waiting = sa.exists().where(outbox_t.c.file_sha256 == files.c.sha256, outbox_t.c.status == "pending")
+    kinds.append(_Kind("files", files, files.c.sha256, ~waiting))
     if cut.usage is not None:
         kinds.append(_Kind("usage", run_usage_t, run_usage_t.c.run_id, run_usage_t.c.created_at < cut.usage))
     if cut.events is not None:  # answered approval requests go with the events they answered

@@ -25,6 +25,9 @@ from gateway.approvals import prompt as approval_prompt
 from gateway.config import Config
 from gateway.limits import RunBudget, Usage, UserBudgets
 from gateway.logs import redactor
+from gateway.media.inbound import RunInput
+from gateway.media.outbound import ImageLoader, upload_limits
+from gateway.media.run_media import RunMedia
 from gateway.memory_prompt import memory_section
 from gateway.metrics import Metrics
 from gateway.model_errors import ModelError
@@ -36,7 +39,7 @@ from gateway.session_reset import ResetPolicy
 from gateway.session_settings import SessionSettings, SettingsStore
 from gateway.session_summary import ContextCompressor, PreparedHistory
 from gateway.steering import SteerBox, TakeSteered
-from gateway.store import ChatMessage, OutboxPart, RunCompletion, RunContext, RunUsage, SessionRef, Store
+from gateway.store import ChatMessage, FilePart, OutboxPart, RunCompletion, RunContext, RunUsage, SessionRef, Store
 from gateway.tool_progress import start_progress, stop_progress
 from platforms.base import BasePlatformAdapter, Choice, MessageEvent, split_message
 
@@ -201,6 +204,8 @@ class RunExecutor:
         self.resets = ResetPolicy.from_config(cfg)
         self.reactions = Reactions(cfg, adapters)
         self.approvals = ApprovalPolicy(cfg)
+        self.media = RunMedia(cfg)
+        agent.show_image = ImageLoader(cfg.media)
 
     def plan_for(self, toolsets: list[str]) -> model_tools.ToolPlan:
         """The tool plan for a run using ``toolsets``."""
@@ -261,16 +266,20 @@ class RunExecutor:
         """The model a session's runs use: its ``/model`` choice while the configuration still allows it."""
         return choice if choice is not None and choice in self.cfg.model.allowed else self.cfg.model.name
 
-    async def _messages(self, job: RunJob, context: RunContext, user_key: str, budget: RunBudget,
-                        model: str) -> tuple[list[dict[str, Any]], PreparedHistory]:
+    async def _messages(self, job: RunJob, context: RunContext, user_key: str, budget: RunBudget, model: str,
+                        adapter: BasePlatformAdapter | None) -> tuple[list[dict[str, Any]], PreparedHistory, RunInput]:
         """The run's first request: the system prompt (with the user's memory notes; a webhook run has no chat
         user), the session's history (compressed when it must be, the model calls that took charged to
-        ``budget``), the user's message."""
+        ``budget``), the user's turn (its attachments fetched now: gateway/media). A turn left with nothing for the
+        model (every attachment refused) ends the run with the reasons."""
         system = self.agent.system_prompt + ("\n\n" + WEBHOOK_SYSTEM_NOTE if job.kind == "webhook" else "")
         if job.kind != "webhook":
             notes = await memory_section(self.store, user_key, self.cfg.model.memory_prompt_chars)
             system += "\n\n" + notes if notes else ""
-        head, user = ChatMessage("system", system), ChatMessage("user", job.event.text)
+        turn = await self.media.turn(job.event, adapter, job.session_key, model)
+        if turn.empty:
+            raise ModelError("\n".join(turn.notices) or "Your message was empty.", "nothing usable in the message")
+        head, user = ChatMessage("system", system), ChatMessage("user", turn.text)
         if self.compressor is None or context.epoch is None:
             history = PreparedHistory([m.to_openai() for m in trim_history(context.history,
                                                                            self.cfg.model.history_tokens)])
@@ -279,7 +288,7 @@ class RunExecutor:
             history = await self.compressor.history(job.session_key, context.epoch, fixed, model=model)
             if history.model_calls:
                 budget.charge_model(history.tokens)  # past its budget, the run stops after its first model call
-        return [head.to_openai(), *history.messages, user.to_openai()], history
+        return [head.to_openai(), *history.messages, {"role": "user", "content": turn.content()}], history, turn
 
     async def _record_usage(self, job: RunJob, context: RunContext, prompt_tokens: int | None) -> None:
         """Keep the size the model server reported for the session's last request (compression decides on it)."""
@@ -332,6 +341,8 @@ class RunExecutor:
                              epoch=context.epoch)
         budget: RunBudget | None = None
         choices: list[Choice] = []  # buttons under the answer (an approval prompt's)
+        files: list[tuple[FilePart, str]] = []  # sent after the answer (send_file's, the spoken answer)
+        notices: list[str] = []  # lines above the answer (attachments refused, what a voice message said)
         try:
             plan = self.plan_for(job.toolsets)
             # A cron event's user_id is its owner's user key, so scheduled runs see the owner's memory.
@@ -339,7 +350,8 @@ class RunExecutor:
                         "user_key": e.user_id if job.kind == "cron" else f"{e.platform}:{e.user_id}",
                         "platform": e.platform, "chat_id": e.chat_id, "thread_id": e.thread_id,
                         "is_admin": f"{e.platform}:{e.user_id}" in self.cfg.auth.admins, "run_id": job.run_id,
-                        "workspace": str(self.cfg.gateway.workspace)}
+                        "workspace": str(self.cfg.gateway.workspace),
+                        "upload_limits": upload_limits(adapter, job.target.chat_id if job.target else None)}
             user_key = tool_ctx["user_key"] if job.kind in ("chat", "background") else None
             budget = RunBudget(self.cfg.limits.run_max_tool_calls, self.cfg.limits.run_max_tokens, user_key,
                                self.user_budgets, await self.user_budgets.used(user_key) if user_key else Usage())
@@ -348,9 +360,11 @@ class RunExecutor:
                 if refusal is not None:
                     raise ModelError(refusal, "user budget exceeded")
                 model = self.model_for(chosen.model)
+                tool_ctx["sees_images"] = self.media.sees_images(model)
                 # Every model call's reported tokens, stored with the run's end whatever it is (a webhook has no user).
                 usage = done.usage = RunUsage(job.kind, None if job.kind == "webhook" else tool_ctx["user_key"], model)
-                messages, history = await self._messages(job, context, tool_ctx["user_key"], budget, model)
+                messages, history, turn = await self._messages(job, context, tool_ctx["user_key"], budget, model,
+                                                               adapter)
                 usage.add(history.prompt_tokens, history.tokens - history.prompt_tokens)
                 on_text = preview.update if preview else events.text if job.kind == "api" else None
                 gate = ApprovalGate(self.approvals, self.store, kind=job.kind, source=job.source,
@@ -368,7 +382,10 @@ class RunExecutor:
                 done.result = redactor(outcome.text or "(the model returned an empty answer)")
                 done.tool_calls, done.model_calls = outcome.tool_calls, outcome.model_calls + history.model_calls
                 done.model_seconds, done.ended_by = outcome.model_seconds + history.model_seconds, outcome.ended_by
-                done.transcript = [ChatMessage("user", e.text), *outcome.transcript]
+                done.transcript = [ChatMessage("user", turn.text), *outcome.transcript]
+                files, notes = await self.media.answer_files(outcome.files, outcome.text, chosen.voice == "on",
+                                                             adapter, job.target.chat_id if job.target else "")
+                notices = turn.notices + notes
                 for message in done.transcript:
                     if message.content:
                         message.content = redactor(message.content)
@@ -407,9 +424,12 @@ class RunExecutor:
         if deliver and done.result is not None:
             # Measuring rendered Markdown costs milliseconds per try: a long answer is split off the event loop.
             text = done.result
+            if notices:
+                text = "\n".join(notices) + "\n\n" + text
             if context.reset is not None and self.resets is not None:  # said once: this run is the reset's
                 text = f"{self.resets.notice(context.reset)}\n\n{text}"
-            parts = functools.partial(self._parts, job, text, preview.message_id if preview else None, choices)
+            parts = functools.partial(self._parts, job, text, preview.message_id if preview else None, choices,
+                                      files)
             done.deliveries = await asyncio.to_thread(parts) if len(text) > LONG_ANSWER else parts()
         done.charge = budget.user_charge() if budget is not None else None
         stored = await self.store.finish_run(done, self.outbox.claim)
@@ -465,8 +485,8 @@ class RunExecutor:
         logger.info("run %s waits for approval %s of %s", job.run_id, approval.id, approval.patterns())
         return choices
 
-    def _parts(self, job: RunJob, text: str, preview_id: str | None,
-               choices: Sequence[Choice] = ()) -> list[OutboxPart]:
+    def _parts(self, job: RunJob, text: str, preview_id: str | None, choices: Sequence[Choice] = (),
+               files: Sequence[tuple[FilePart, str]] = ()) -> list[OutboxPart]:
         if job.kind == "background":  # the chat goes on meanwhile: say which task this answers
             text = f"Background task {job.source}: {text}"
         target = job.target
@@ -476,11 +496,16 @@ class RunExecutor:
         chunks = split_message(text, limit, length) or [text]
         per_run = adapter is not None and not adapter.ordered_per_chat
         lane = f"{target.platform}:{target.chat_id}:{job.run_id}" if per_run else None
-        return [OutboxPart(dedupe_key=f"run:{job.run_id}:{i}", platform=target.platform, chat_id=target.chat_id,
-                           text=chunk, thread_id=target.thread_id, reply_to=target.reply_to if i == 0 else None,
-                           edit_message_id=preview_id if i == 0 else None, part_index=i, parts_total=len(chunks),
-                           run_id=job.run_id, lane=lane, choices=tuple(choices) if i == len(chunks) - 1 else ())
-                for i, chunk in enumerate(chunks)]
+        total = len(chunks) + len(files)
+        texts = [OutboxPart(dedupe_key=f"run:{job.run_id}:{i}", platform=target.platform, chat_id=target.chat_id,
+                            text=chunk, thread_id=target.thread_id, reply_to=target.reply_to if i == 0 else None,
+                            edit_message_id=preview_id if i == 0 else None, part_index=i, parts_total=total,
+                            run_id=job.run_id, lane=lane, choices=tuple(choices) if i == len(chunks) - 1 else ())
+                 for i, chunk in enumerate(chunks)]
+        return texts + [OutboxPart(dedupe_key=f"run:{job.run_id}:{i}", platform=target.platform,
+                                   chat_id=target.chat_id, text=caption, thread_id=target.thread_id, part_index=i,
+                                   parts_total=total, run_id=job.run_id, lane=lane, file=file)
+                        for i, (file, caption) in enumerate(files, len(chunks))]
 
     async def give_up_if_exhausted(self, job: RunJob) -> bool:
         """Before an unfinished run is started again: when the gateway stopped during each of its

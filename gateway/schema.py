@@ -22,7 +22,7 @@ from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 MIGRATION_LOCK_KEY = 0x4845524D4553  # pg_advisory_xact_lock key: one migrating process at a time
 
 metadata = sa.MetaData()
@@ -124,6 +124,10 @@ outbox_t = sa.Table(
     sa.Column("in_doubt", sa.Integer, nullable=False, default=0),
     # Buttons under the message (JSON list of platforms.base.Choice), or NULL.
     sa.Column("choices", sa.Text),
+    # A file sent with the part (``text`` its caption): JSON kind, name, mime type and size, its bytes in
+    # outbox_files under file_sha256; NULL for text.
+    sa.Column("file", sa.Text),
+    sa.Column("file_sha256", sa.String(64)),
     sa.Index("ix_outbox_status", "status", "id"),
     sa.Index("ix_outbox_lane", "lane", "status", "id"),
 )
@@ -154,6 +158,15 @@ approval_grants_t = sa.Table(
     sa.Column("user_key", sa.String(255), primary_key=True),
     sa.Column("session_key", sa.String(255), primary_key=True),
     sa.Column("pattern", sa.String(255), primary_key=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# The bytes of files the outbox sends, by content (several parts may send the same file); written in the transaction
+# that stores their parts, so every replica can send them; pruned once no undelivered part needs them.
+outbox_files_t = sa.Table(
+    "outbox_files", metadata,
+    sa.Column("sha256", sa.String(64), primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
 )
 
@@ -193,6 +206,7 @@ session_settings_t = sa.Table(
     sa.Column("title", sa.String(255)),
     sa.Column("busy", sa.String(16)),
     sa.Column("verbose", sa.String(16)),
+    sa.Column("voice", sa.String(8)),  # "on": answers are also spoken (/voice)
     sa.Column("updated_at", sa.Float, nullable=False),
 )
 
@@ -322,11 +336,14 @@ meta_t = sa.Table(
 
 
 @functools.cache
-def insert_ignoring_conflicts(dialect: str, table: sa.Table, key: str | tuple[str, ...]) -> Any:
-    """``INSERT ... ON CONFLICT (key) DO NOTHING RETURNING *`` for the dialect: no row back on a conflict."""
+def insert_ignoring_conflicts(dialect: str, table: sa.Table, key: str | tuple[str, ...], *,
+                              returning: bool = True) -> Any:
+    """``INSERT ... ON CONFLICT (key) DO NOTHING RETURNING *`` for the dialect: no row back on a conflict
+    (``returning=False``: nothing back at all)."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     columns = [key] if isinstance(key, str) else list(key)
-    return insert(table).on_conflict_do_nothing(index_elements=columns).returning(*table.c)
+    statement = insert(table).on_conflict_do_nothing(index_elements=columns)
+    return statement.returning(*table.c) if returning else statement
 
 
 # -- migrations (gateway/migrations: Alembic) -------------------------------------------------------------------

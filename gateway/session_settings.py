@@ -1,5 +1,5 @@
 """What a chat changed about its session and its user with commands: model, title, busy mode, tool progress
-(per session) and the home channel (per user). Unset values fall back to the configuration."""
+(per session), spoken answers (/voice) and the home channel (per user). Unset values fall back to the configuration."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 from gateway.schema import insert_ignoring_conflicts, session_settings_t, user_settings_t
 from gateway.store import Store
 
-SESSION_FIELDS = ("model", "title", "busy", "verbose")
+SESSION_FIELDS = ("model", "title", "busy", "verbose", "voice")
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,6 +24,7 @@ class SessionSettings:
     title: str | None = None
     busy: str | None = None
     verbose: str | None = None
+    voice: str | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -24,6 +24,7 @@ from gateway.schema import (
     inbox_t,
     insert_ignoring_conflicts,
     messages_t,
+    outbox_files_t,
     outbox_t,
     run_usage_t,
     runs_t,
@@ -34,6 +35,7 @@ from gateway.shared_limits import charge_user
 from gateway.store_rows import (
     Acceptance,
     ChatMessage,
+    FilePart,
     InboxRow,
     NewRun,
     OutboxPart,
@@ -168,7 +170,8 @@ def _outbox_values(parts: Sequence[OutboxPart], now: float) -> list[dict[str, An
              "part_index": p.part_index, "parts_total": p.parts_total, "text": p.text, "status": "pending",
              "lane": p.lane or f"{p.platform}:{p.chat_id}",
              "attempts": 0, "next_attempt_at": now, "created_at": now, "claimed_by": None, "claim_until": None,
-             "in_doubt": 0, "choices": json.dumps([c.to_dict() for c in p.choices]) if p.choices else None}
+             "in_doubt": 0, "choices": json.dumps([c.to_dict() for c in p.choices]) if p.choices else None,
+             "file": p.file.describe() if p.file else None, "file_sha256": p.file.sha256 if p.file else None}
             for p in parts]
 
 
@@ -177,6 +180,10 @@ def _store_parts(conn: Connection, parts: Sequence[OutboxPart], now: float, clai
     """Insert parts (``skip_existing``: leave out dedupe keys stored before); with ``claim``, the new
     parts of each lane are claimed for their sender at once when nothing earlier waits in that lane."""
     values = _outbox_values(parts, now)
+    files = {p.file.sha256: p.file.data for p in parts if p.file is not None and p.file.data is not None}
+    if files:
+        insert = insert_ignoring_conflicts(conn.dialect.name, outbox_files_t, "sha256", returning=False)
+        conn.execute(insert, [{"sha256": sha256, "data": data, "created_at": now} for sha256, data in files.items()])
     if skip_existing:
         insert = insert_ignoring_conflicts(conn.dialect.name, outbox_t, "dedupe_key")
         rows = [r for r in (conn.execute(insert, v).first() for v in values) if r is not None]
@@ -653,6 +660,12 @@ class Store:
             query = query.where(outbox_t.c.run_id == run_id)
         return [_outbox_row(r) for r in await self.db.read(lambda conn: conn.execute(query).all())]
 
+    async def outbox_file(self, sha256: str) -> bytes | None:
+        """The bytes of a file an outbox part sends; None once pruned."""
+        query = sa.select(outbox_files_t.c.data).where(outbox_files_t.c.sha256 == sha256)
+        data = await self.db.read(lambda conn: conn.execute(query).scalar_one_or_none())
+        return bytes(data) if data is not None else None
+
     async def outbox_depth(self) -> int:
         """Number of undelivered parts."""
         return int(await self.db.read(lambda conn: conn.execute(_OUTBOX_DEPTH).scalar_one()))
@@ -674,4 +687,5 @@ def _outbox_row(r: Any) -> OutboxRow:
     return OutboxRow(r.id, r.dedupe_key, r.run_id, r.platform, r.chat_id, r.thread_id, r.reply_to, r.edit_message_id,
                      r.part_index, r.parts_total, r.text, r.status, r.attempts, r.next_attempt_at,
                      r.platform_message_id, r.last_error, r.lane, r.in_doubt, r.claimed_by, r.claim_until,
-                     tuple(Choice.from_dict(c) for c in json.loads(r.choices)) if r.choices else ())
+                     tuple(Choice.from_dict(c) for c in json.loads(r.choices)) if r.choices else (),
+                     FilePart.described(r.file, r.file_sha256) if r.file else None)

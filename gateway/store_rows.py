@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +114,29 @@ class ChatMessage:
         return msg
 
 
+@dataclass(frozen=True, slots=True)
+class FilePart:
+    """A file an outbox part sends (the part's text is its caption); ``data`` is set when the part is stored, rows
+    read back carry only the description (the sender loads the bytes by ``sha256``)."""
+
+    kind: str
+    name: str
+    mime_type: str
+    size: int
+    sha256: str
+    data: bytes | None = field(default=None, repr=False)
+
+    def describe(self) -> str:
+        """JSON for the outbox's ``file`` column."""
+        return json.dumps({"kind": self.kind, "name": self.name, "mime_type": self.mime_type, "size": self.size})
+
+    @classmethod
+    def described(cls, text: str, sha256: str) -> FilePart:
+        """Inverse of ``describe`` (without the bytes)."""
+        data = json.loads(text)
+        return cls(data["kind"], data["name"], data["mime_type"], int(data["size"]), sha256)
+
+
 @dataclass(slots=True)
 class OutboxPart:
     """One message part to deliver."""
@@ -130,6 +154,8 @@ class OutboxPart:
     lane: str | None = None  # ordering lane; None: the chat (platform:chat_id)
     choices: tuple[Choice, ...] = ()
     """Buttons under the message (platforms.base.Choice)."""
+    file: FilePart | None = None
+    """A file sent with ``text`` as its caption."""
 
 
 @dataclass(slots=True)
@@ -157,6 +183,7 @@ class OutboxRow:
     claimed_by: str | None = None
     claim_until: float | None = None
     choices: tuple[Choice, ...] = ()
+    file: FilePart | None = None
 
 
 @dataclass(slots=True)

@@ -384,8 +384,9 @@ class BasePlatformAdapter(abc.ABC):
 
     # -- files (platforms/files.py) --
 
-    def upload_limit(self, kind: OutgoingKind) -> int:
-        """The largest file of ``kind`` the bot may send here, in bytes (0: it cannot send files)."""
+    def upload_limit(self, kind: OutgoingKind, chat_id: str | None = None) -> int:
+        """The largest file of ``kind`` the bot may send (to ``chat_id``, where limits differ per chat), in bytes
+        (0: it cannot send files)."""
         return 0
 
     async def fetch_attachment(self, attachment: Attachment, max_bytes: int) -> bytes:

@@ -1,5 +1,5 @@
-"""A chat's own choices, stored with its session: the model (/model), tool progress (/verbose), and its user's
-home channel (/sethome)."""
+"""A chat's own choices, stored with its session: the model (/model), tool progress (/verbose), spoken answers
+(/voice), and its user's home channel (/sethome)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,23 @@ async def _verbose(ctx: CommandContext) -> str:
     mode = MODES[MODES.index(wanted) if wanted else (MODES.index(current) + 1) % len(MODES)]
     await ctx.host.settings.set_session(ctx.session_key, verbose=mode)
     return f"Tool progress here: {mode} ({_MODE_HELP[mode]})."
+
+
+@command("voice", "spoken answers in this chat: on or off (without an argument: switch)")
+async def _voice(ctx: CommandContext) -> str:
+    wanted = ctx.args.strip().lower()
+    if wanted not in ("", "on", "off"):
+        return "Usage: /voice [on|off] (without an argument: switch)"
+    speech = ctx.host.cfg.media.speech
+    if speech is None and wanted != "off":
+        return "Voice answers are not configured here: the operator sets media.speech in the gateway's config."
+    current = (await ctx.host.settings.session(ctx.session_key)).voice == "on"
+    voice = wanted == "on" if wanted else not current
+    await ctx.host.settings.set_session(ctx.session_key, voice="on" if voice else None)
+    if not voice:
+        return "Voice answers off: answers come as text only."
+    limit = speech.max_chars if speech is not None else 0
+    return f"Voice answers on: each answer also comes as a voice message (answers up to {limit} characters)."
 
 
 @command("sethome", "make this chat your home channel: scheduled jobs and notices without a target come here")

@@ -10,6 +10,8 @@ from gateway.schema import meta_t
 
 # What each version added, undone newest first (the reverse of gateway/migrations/versions).
 _UNDO: dict[int, list[str]] = {
+    9: ["DROP TABLE outbox_files", "ALTER TABLE outbox DROP COLUMN file", "ALTER TABLE outbox DROP COLUMN file_sha256",
+        "ALTER TABLE session_settings DROP COLUMN voice"],
     8: ["DROP TABLE approvals", "DROP TABLE approval_grants", "ALTER TABLE outbox DROP COLUMN choices"],
     7: ["DROP INDEX ix_run_usage_created"],
     6: ["DROP TABLE user_rate_limits", "DROP TABLE user_usage"],

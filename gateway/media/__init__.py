@@ -1,0 +1,1 @@
+"""Media: incoming attachments for the model, files and voice sent back (see inbound.py, outbound.py)."""
