@@ -530,7 +530,7 @@ class SlackAdapter(BasePlatformAdapter):
 
     # ----------------------------------------------------------------- files
 
-    def upload_limit(self, kind: OutgoingKind) -> int:
+    def upload_limit(self, kind: OutgoingKind, chat_id: str | None = None) -> int:
         """Slack's 1 GB, for every kind (all go as files)."""
         return UPLOAD_LIMIT
 
