@@ -3,7 +3,9 @@
 Answers ``POST /v1/chat/completions`` (plain JSON or ``stream=true`` SSE in the real OpenAI wire format)
 and ``GET /v1/models``. What the model says for each request is a :class:`Turn`, taken first from a FIFO
 queue (:meth:`ScriptedModel.push`), then from a responder callable (by default :func:`default_responder`).
-Faults (HTTP errors, dropped connections, hangs) and latency can be injected per request.
+Faults (HTTP errors, dropped connections, hangs) and latency can be injected per request. Image content parts
+are checked as OpenAI checks them (:func:`image_parts` reads them back); the audio endpoints are
+``ScriptedModel.audio`` (gateway/sim/model_media.py).
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 from aiohttp import web
+
+from gateway.sim.model_faults import FaultQueue, drop, error_response, fault_response
+from gateway.sim.model_media import AudioEndpoints, image_parts, image_problem
 
 __all__ = [
     "Responder",
@@ -30,6 +35,7 @@ __all__ = [
     "ToolCall",
     "Turn",
     "default_responder",
+    "image_parts",
     "last_user_text",
     "parse_directives",
     "rules",
@@ -238,44 +244,7 @@ def rules(
     return responder
 
 
-# ------------------------------------------------------------------------------------------- faults
-
-
-@dataclass(frozen=True, slots=True)
-class _Fault:
-    kind: Literal["fail", "drop", "hang"]
-    status: int = 500
-    retry_after: float | None = None
-    message: str | None = None
-    after_chunks: int | None = None
-
-
-_ERROR_KIND: dict[int, tuple[str, str | None, str]] = {
-    400: ("invalid_request_error", None, "Bad request."),
-    401: ("invalid_request_error", "invalid_api_key", "Incorrect API key provided."),
-    403: ("invalid_request_error", "unsupported_country_region_territory", "Request not allowed."),
-    404: ("invalid_request_error", "model_not_found", "The model does not exist."),
-    429: ("requests", "rate_limit_exceeded", "Rate limit reached. Please try again later."),
-    500: ("server_error", None, "The server had an error while processing your request."),
-    503: ("server_error", None, "The engine is currently overloaded, please try again later."),
-}
-
-
-def _error_response(
-    status: int,
-    message: str | None = None,
-    *,
-    param: str | None = None,
-    retry_after: float | None = None,
-) -> web.Response:
-    kind, code, default_message = _ERROR_KIND.get(status, ("api_error", None, "Simulated error."))
-    body = {"error": {"message": message or default_message, "type": kind, "param": param, "code": code}}
-    headers = None
-    if retry_after is not None:
-        headers = {"Retry-After": f"{retry_after:g}"}
-    return web.Response(
-        status=status, body=json.dumps(body).encode(), content_type="application/json", headers=headers
-    )
+# ----------------------------------------------------------------------------------------- helpers
 
 
 _DROP_GRACE = 0.05
@@ -293,7 +262,7 @@ def _split(s: str, size: int) -> list[str]:
 # ----------------------------------------------------------------------------------------- the server
 
 
-class ScriptedModel:
+class ScriptedModel(FaultQueue):
     """Scripted OpenAI-compatible model server on aiohttp (``async with ScriptedModel() as model:``).
 
     Public mutable settings: ``responder``, ``latency`` (seconds before each answer), ``chunk_delay``
@@ -313,6 +282,7 @@ class ScriptedModel:
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
+        super().__init__()
         self.responder: Responder = responder or default_responder
         self.latency = latency
         self.chunk_delay = chunk_delay
@@ -325,7 +295,6 @@ class ScriptedModel:
         self._auth = None if api_key is None else f"Bearer {api_key}"
         self._models = tuple(models)
         self._queue: deque[Turn] = deque()
-        self._faults: deque[_Fault] = deque()
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._parked: set[asyncio.Future[None]] = set()
         self._stopping = False
@@ -335,6 +304,9 @@ class ScriptedModel:
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self._chat)
         self.app.router.add_get("/v1/models", self._list_models)
+        self.audio = AudioEndpoints(self._authorized, self._park)
+        """``/v1/audio/transcriptions`` and ``/v1/audio/speech``: their settings, records and faults."""
+        self.audio.add_routes(self.app.router)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -392,32 +364,6 @@ class ScriptedModel:
         """Number of pushed turns not yet served."""
         return len(self._queue)
 
-    def fail_next(
-        self,
-        n: int = 1,
-        status: int = 500,
-        retry_after: float | None = None,
-        message: str | None = None,
-    ) -> None:
-        """Answer the next ``n`` requests with an OpenAI-style error (``Retry-After`` header if given)."""
-        self._faults.extend([_Fault("fail", status, retry_after, message)] * n)
-
-    def drop_next(self, n: int = 1, *, after_chunks: int | None = None) -> None:
-        """Close the connection of the next ``n`` requests without answering.
-
-        With ``after_chunks``, streaming requests get that many SSE chunks first (non-streaming ones
-        are dropped before any response); the close follows the last chunk by ~50 ms.
-        """
-        self._faults.extend([_Fault("drop", after_chunks=after_chunks)] * n)
-
-    def hang_next(self, n: int = 1) -> None:
-        """Never answer the next ``n`` requests; they are dropped when the server stops."""
-        self._faults.extend([_Fault("hang")] * n)
-
-    def clear_faults(self) -> None:
-        """Forget injected faults not yet consumed."""
-        self._faults.clear()
-
     # ---------------------------------------------------------------- recording
 
     @property
@@ -469,18 +415,12 @@ class ScriptedModel:
             self._parked.discard(fut)
         return not self._stopping
 
-    @staticmethod
-    def _drop(request: web.BaseRequest, resp: web.StreamResponse | None = None) -> web.StreamResponse:
-        # Returning a response over a closed transport makes aiohttp treat it as a client disconnect
-        # (no error log), while the client sees the connection close without (more of) a response.
-        transport = request.transport
-        if transport is not None:
-            transport.close()
-        return resp if resp is not None else web.Response()
+    def _authorized(self, request: web.BaseRequest) -> bool:
+        return self._auth is None or request.headers.get("Authorization") == self._auth
 
     async def _list_models(self, request: web.Request) -> web.Response:
-        if self._auth is not None and request.headers.get("Authorization") != self._auth:
-            return _error_response(401)
+        if not self._authorized(request):
+            return error_response(401)
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "hermes-sim"} for m in self._models]
         return web.Response(
             body=json.dumps({"object": "list", "data": data}).encode(), content_type="application/json"
@@ -495,31 +435,27 @@ class ScriptedModel:
             self.in_flight -= 1
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
-        if self._auth is not None and request.headers.get("Authorization") != self._auth:
-            return _error_response(401)
+        if not self._authorized(request):
+            return error_response(401)
         try:
             body = json.loads(await request.read())
         except ValueError:
-            return _error_response(400, "We could not parse the JSON body of your request.")
+            return error_response(400, "We could not parse the JSON body of your request.")
         if not isinstance(body, dict):
-            return _error_response(400, "The request body must be a JSON object.")
+            return error_response(400, "The request body must be a JSON object.")
         self._record(body)
         if not isinstance(body.get("messages"), list):
-            return _error_response(400, "Missing required parameter: 'messages'.", param="messages")
+            return error_response(400, "Missing required parameter: 'messages'.", param="messages")
         if not isinstance(body.get("model"), str):
-            return _error_response(400, "Missing required parameter: 'model'.", param="model")
+            return error_response(400, "Missing required parameter: 'model'.", param="model")
+        if (problem := image_problem(body)) is not None:
+            return error_response(400, problem, param="messages")
 
-        fault = self._faults.popleft() if self._faults else None
+        fault = self.next_fault()
         if fault is not None:
-            if fault.kind == "hang":
-                await self._park(None)
-                return self._drop(request)
-            if fault.kind == "fail":
-                if not await self._park(self.latency):
-                    return self._drop(request)
-                return _error_response(fault.status, fault.message, retry_after=fault.retry_after)
-            if fault.after_chunks is None or not body.get("stream"):
-                return self._drop(request)
+            answer = await fault_response(fault, request, self._park, self.latency, streaming=bool(body.get("stream")))
+            if answer is not None:
+                return answer
 
         if self._queue:
             turn = self._queue.popleft()
@@ -530,11 +466,11 @@ class ScriptedModel:
                     result = await result
             except Exception as exc:
                 logger.exception("scripted model responder failed")
-                return _error_response(500, f"scripted responder failed: {exc!r}")
+                return error_response(500, f"scripted responder failed: {exc!r}")
             turn = Turn(content=result) if isinstance(result, str) else result
 
         if not await self._park(self.latency if turn.latency is None else turn.latency):
-            return self._drop(request)
+            return drop(request)
         if body.get("stream"):
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -656,9 +592,9 @@ class ScriptedModel:
                         # A client discards buffered bytes once it sees the connection error, so give it
                         # a moment to read the chunks already sent before closing.
                         await self._park(_DROP_GRACE)
-                        return self._drop(request, resp)
+                        return drop(request, resp)
                     if i and not await self._park(delay):
-                        return self._drop(request, resp)
+                        return drop(request, resp)
                     await resp.write(chunk)
             await resp.write_eof()
         except ConnectionResetError:
