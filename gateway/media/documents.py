@@ -95,5 +95,5 @@ def pdf_text(data: bytes, max_pages: int) -> PdfText:
             page = "[the text of this page could not be extracted]"
         parts.append(f"--- page {number} of {total} ---\n{page}")
     if read < total:
-        parts.append(f"--- pages {read + 1} to {total} were not read (at most {max_pages} are) ---")
+        parts.append(f"--- the last {total - read} of the {total} pages were not read (at most {max_pages} are) ---")
     return PdfText("\n\n".join(parts), read, total, read < total)
