@@ -11,6 +11,9 @@ webhook mode setWebhook plus a route that answers 503 while the adapter is not r
 
 Choices are inline keyboard buttons. A press (a ``callback_query`` update) is answered at once and goes to the
 gateway as a message from the presser; the update is confirmed, like any other, once the gateway took it.
+
+Files (platforms/telegram_files.py): ``fetch_attachment`` is getFile plus a download capped at the limit,
+``send_file`` a sendPhoto / sendDocument / sendVoice / sendAudio upload, delivered at least once as text is.
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ from platforms.base import (
     utf16_len,
 )
 from platforms.rich_text import telegram_length, telegram_text, to_telegram_html
+from platforms.telegram_files import AttachmentDownloader, FilesMixin
 
-__all__ = ["AttachmentTooLarge", "TelegramAdapter", "TelegramSettings"]
+__all__ = ["TelegramAdapter", "TelegramSettings"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +101,7 @@ _CHAT_TYPES: dict[str, Literal["dm", "group"]] = {ChatType.PRIVATE: "dm", ChatTy
 # Rejections of the formatted text that the same text as plain text avoids.
 _FORMAT_ERRORS = ("can't parse entities", "message is too long", "text is empty")
 _NOT_MODIFIED = "message is not modified"
+_TOO_LARGE = "request entity too large"  # 413 from the Bot API's front end: an upload over its limit
 _TOKEN_REJECTED = "telegram: the bot token was rejected (getMe returned 401); check platforms.telegram.token"
 _NOT_FOUND = ("telegram: the Bot API answered 404 Not Found; check platforms.telegram.base_url "
               "(and platforms.telegram.token)")
@@ -118,10 +123,6 @@ class _HandledFloodControl(logging.Filter):
 
 
 _FLOOD_FILTER = _HandledFloodControl()
-
-
-class AttachmentTooLarge(ValueError):
-    """A file is larger than ``max_attachment_bytes``; it was not downloaded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +163,7 @@ def _send_failure(exc: TelegramError) -> SendResult:
         return SendResult(False, error=f"flood control: retry in {wait:g} s", retryable=True, retry_after=wait)
     if isinstance(exc, ChatMigrated):
         return SendResult(False, error=f"the group is now the supergroup {exc.new_chat_id}")
-    if isinstance(exc, InvalidToken | BadRequest | Forbidden):
+    if isinstance(exc, InvalidToken | BadRequest | Forbidden) or _TOO_LARGE in exc.message.lower():
         return SendResult(False, error=exc.message)
     return SendResult(False, error=exc.message, retryable=True)
 
@@ -258,7 +259,7 @@ def _strip_mention(text: str, username: str) -> str:
     return rest.lstrip(" \t\n,:;")
 
 
-class TelegramAdapter(BasePlatformAdapter):
+class TelegramAdapter(FilesMixin, BasePlatformAdapter):
     """A Telegram bot on a hand-driven ``telegram.ext.Application`` (never run_polling/run_webhook)."""
 
     name = "telegram"
@@ -286,6 +287,7 @@ class TelegramAdapter(BasePlatformAdapter):
                                                           group_max_rate=settings.group_per_minute, max_retries=0))
             logging.getLogger("telegram.ext.AIORateLimiter").addFilter(_FLOOD_FILTER)  # adding twice is a no-op
         self._app = builder.build()
+        self._downloads = AttachmentDownloader(self._app.bot, settings.max_attachment_bytes)
         self._allowed_updates = ["message", "callback_query"] + (
             ["edited_message"] if settings.edited_messages == "handle" else [])
         self._on_message: OnMessage | None = None
@@ -365,6 +367,7 @@ class TelegramAdapter(BasePlatformAdapter):
             await asyncio.wait({task})
         await self._app.shutdown()
         await self._app.bot.shutdown()  # also when initialize never got past getMe
+        await self._downloads.close()
         self._set_state(AdapterState.DISCONNECTED)
 
     async def _attempt(self, call: Awaitable[object], method: str) -> bool:
@@ -623,20 +626,6 @@ class TelegramAdapter(BasePlatformAdapter):
             mentions_bot=mentioned or replied_to_bot, attachments=attachments,
             metadata={"edited": "true"} if edited else {})
 
-    async def download(self, file_id: str) -> bytes:
-        """The content of an attachment, fetched through ``base_file_url``.
-
-        Raises AttachmentTooLarge above ``max_attachment_bytes``, TelegramError when Telegram refuses.
-        """
-        limit = self.settings.max_attachment_bytes
-        file = await self._app.bot.get_file(file_id)
-        if file.file_size is not None and file.file_size > limit:
-            raise AttachmentTooLarge(f"telegram: file of {file.file_size} bytes is over the {limit}-byte limit")
-        data = bytes(await file.download_as_bytearray())
-        if len(data) > limit:
-            raise AttachmentTooLarge(f"telegram: file of {len(data)} bytes is over the {limit}-byte limit")
-        return data
-
     # -- outbound --------------------------------------------------------------------------------
 
     async def send(self, chat_id: str, content: str, reply_to: str | None = None,
@@ -672,15 +661,24 @@ class TelegramAdapter(BasePlatformAdapter):
 
     async def _send(self, chat_id: str, content: str, reply_to: str | None, metadata: Mapping[str, str] | None,
                     keyboard: InlineKeyboardMarkup | None) -> SendResult:
-        kwargs: dict[str, Any] = {"chat_id": _chat_ref(chat_id), **_thread_kwargs(metadata)}
+        options: dict[str, Any] = {"link_preview_options": _NO_PREVIEW}
         if keyboard is not None:
-            kwargs["reply_markup"] = keyboard
+            options["reply_markup"] = keyboard
+        return await self._post(self._app.bot.send_message, "sendMessage", chat_id, content, reply_to, metadata,
+                                options)
+
+    async def _post(self, call: Callable[..., Awaitable[Message]], method: str, chat_id: str, content: str,
+                    reply_to: str | None, metadata: Mapping[str, str] | None, options: dict[str, Any],
+                    field: Literal["text", "caption"] = "text") -> SendResult:
+        """One new message through ``call`` (the Bot API's ``method``) with ``content`` formatted as its ``field``,
+        threaded under ``reply_to`` and in the topic; Telegram's errors as the outbox needs them."""
+        kwargs: dict[str, Any] = {"chat_id": _chat_ref(chat_id), **_thread_kwargs(metadata), **options}
         if reply_to:
             kwargs["reply_parameters"] = ReplyParameters(int(reply_to), allow_sending_without_reply=True)
         try:
-            msg = await self._formatted(self._app.bot.send_message, content, kwargs)
+            msg = await self._formatted(call, content, kwargs, field)
         except TelegramError as exc:
-            logger.info("telegram: sendMessage to %s failed: %s", chat_id, exc.message)
+            logger.info("telegram: %s to %s failed: %s", method, chat_id, exc.message)
             return _send_failure(exc)
         return SendResult(True, message_id=str(msg.message_id))
 
@@ -688,7 +686,8 @@ class TelegramAdapter(BasePlatformAdapter):
                            metadata: Mapping[str, str] | None = None) -> SendResult:
         """editMessageText; an edit to the text the message already shows counts as done. Buttons the message
         had are removed (an edit without reply_markup drops the inline keyboard, also when the text stays)."""
-        kwargs: dict[str, Any] = {"chat_id": _chat_ref(chat_id), "message_id": int(message_id)}
+        kwargs: dict[str, Any] = {"chat_id": _chat_ref(chat_id), "message_id": int(message_id),
+                                  "link_preview_options": _NO_PREVIEW}
         try:
             await self._formatted(self._app.bot.edit_message_text, content, kwargs)
         except TelegramError as exc:
@@ -727,9 +726,10 @@ class TelegramAdapter(BasePlatformAdapter):
             return _send_failure(exc)
         return SendResult(True, message_id=message_id)
 
-    async def _formatted(self, call: Callable[..., Awaitable[Any]], content: str, kwargs: dict[str, Any]) -> Any:
-        """``call`` with the formatted text; formatting Telegram rejects is resent as plain text (what the
-        formatting showed, or the Markdown itself when that is blank)."""
+    async def _formatted(self, call: Callable[..., Awaitable[Any]], content: str, kwargs: dict[str, Any],
+                         field: Literal["text", "caption"] = "text") -> Any:
+        """``call`` with ``content`` formatted as its ``field`` (text or caption); formatting Telegram rejects is
+        resent as plain text (what the formatting showed, or the Markdown itself when that is blank)."""
         mode = self.settings.parse_mode
         plain = content
         if mode == "html":
@@ -738,9 +738,9 @@ class TelegramAdapter(BasePlatformAdapter):
         else:
             text, parse_mode = content, (ParseMode.MARKDOWN if mode == "markdown" else None)
         try:
-            return await call(text=text, parse_mode=parse_mode, link_preview_options=_NO_PREVIEW, **kwargs)
+            return await call(**{field: text}, parse_mode=parse_mode, **kwargs)
         except BadRequest as exc:
             if parse_mode is None or not any(fragment in exc.message.lower() for fragment in _FORMAT_ERRORS):
                 raise
             logger.info("telegram: formatted text rejected (%s); sending it as plain text", exc.message)
-        return await call(text=plain, link_preview_options=_NO_PREVIEW, **kwargs)
+        return await call(**{field: plain}, **kwargs)

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import mimetypes
 import re
 import time
 from collections import defaultdict, deque
@@ -26,6 +25,7 @@ from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, Unpack
 import aiohttp
 from aiohttp import web
 
+from gateway.sim.telegram_files import Download, FilesMixin, UploadedFile
 from gateway.sim.telegram_interactive import (
     ApiCall,
     InteractiveApi,
@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_USER_ID",
     "TELEGRAM_SERVICE_ID",
     "Call",
+    "Download",
     "EntityParseError",
     "Origin",
     "Sent",
@@ -75,7 +76,6 @@ _STAND_INS: dict[str, JSON] = {
     "linked_channel": {"id": TELEGRAM_SERVICE_ID, "is_bot": False, "first_name": "Telegram"},
 }
 MAX_TEXT_LENGTH = 4096
-MAX_CAPTION_LENGTH = 1024
 
 # Telegram's default when allowed_updates is empty: everything except these.
 _DEFAULT_EXCLUDED_UPDATES = frozenset({"chat_member", "message_reaction", "message_reaction_count"})
@@ -104,7 +104,6 @@ _SECRET_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _COMMAND_RE = re.compile(r"(?<![\w/])/[A-Za-z0-9_]{1,64}(?:@[A-Za-z0-9_]{3,32})?")
 _MENTION_RE = re.compile(r"(?<![\w@/])@[A-Za-z0-9_]{4,32}")
 _URL_RE = re.compile(r"https?://[^\s<>\"']+")
-_FAKE_JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x00" * 32 + b"\xff\xd9"
 
 _WEBHOOK_CONFLICT = (
     "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete "
@@ -120,16 +119,6 @@ _NOT_MODIFIED = (
 
 
 # --------------------------------------------------------------------------- records
-
-
-@dataclass(slots=True, frozen=True)
-class UploadedFile:
-    """A file part of a multipart request."""
-
-    field: str
-    filename: str | None
-    content_type: str | None
-    data: bytes
 
 
 @dataclass(slots=True, eq=False)
@@ -251,14 +240,6 @@ class Origin(TypedDict, total=False):
     on_behalf_of: Literal["group", "channel", "linked_channel"]
     channel_id: int
     channel_title: str
-
-
-@dataclass(slots=True)
-class _StoredFile:
-    file_id: str
-    file_unique_id: str
-    file_path: str
-    data: bytes
 
 
 @dataclass(slots=True)
@@ -823,7 +804,7 @@ def _default_description(code: int) -> str:
 _Handler = Callable[[Call], Awaitable[Any]]
 
 
-class TelegramSimulator:
+class TelegramSimulator(FilesMixin):
     """A Telegram Bot API server on an ephemeral local port, with drivers, readers and faults.
 
     Chats must be known before the bot writes to them (``strict_chats``): a ``user_*`` driver or
@@ -843,6 +824,7 @@ class TelegramSimulator:
         webhook_retry_max: float = 1.0,
         webhook_timeout: float = 5.0,
     ) -> None:
+        super().__init__()
         prefix = token.split(":", 1)[0]
         self.token = token
         self.bot_id = bot_id if bot_id is not None else (int(prefix) if prefix.isdigit() else 123456)
@@ -875,6 +857,8 @@ class TelegramSimulator:
             "sendChatAction": self._send_chat_action,
             "sendPhoto": self._send_photo,
             "sendDocument": self._send_document,
+            "sendVoice": self._send_voice,
+            "sendAudio": self._send_audio,
             "getFile": self._get_file,
             "getChat": self._get_chat,
             "deleteMessage": self._delete_message,
@@ -891,7 +875,6 @@ class TelegramSimulator:
         self._reactions: list[Call] = []
         self._bot_reactions: dict[tuple[int, int], list[str]] = {}
         self._deliveries: list[WebhookDelivery] = []
-        self._downloads: list[str] = []
         self._faults: dict[str, deque[_Fault]] = defaultdict(deque)
 
         self._updates: list[JSON] = []  # every update ever pushed
@@ -902,9 +885,6 @@ class TelegramSimulator:
         self._blocked: set[int] = set()
         self._messages: dict[tuple[int, int], JSON] = {}
         self._last_message_id: dict[int, int] = defaultdict(int)
-        self._files: dict[str, _StoredFile] = {}
-        self._files_by_path: dict[str, _StoredFile] = {}
-        self._file_seq = 0
         self._webhook: _Webhook | None = None
 
         self._poll_generation = 0
@@ -1011,10 +991,6 @@ class TelegramSimulator:
         """Messages that sendMessage created (including ones whose response was dropped)."""
         return [s for s in self._sent if s.method == "sendMessage" and chat_id in (None, s.chat_id)]
 
-    def sent_media(self, chat_id: int | None = None) -> list[Sent]:
-        """Messages that sendPhoto / sendDocument created; ``Sent.files`` holds the uploads."""
-        return [s for s in self._sent if s.method != "sendMessage" and chat_id in (None, s.chat_id)]
-
     def edits(self, chat_id: int | None = None) -> list[Sent]:
         """Successful editMessageText calls (``result`` is True for inline messages)."""
         return [s for s in self._edits if chat_id in (None, s.chat_id)]
@@ -1066,11 +1042,6 @@ class TelegramSimulator:
     @property
     def deliveries(self) -> list[WebhookDelivery]:
         return list(self._deliveries)
-
-    @property
-    def downloads(self) -> list[str]:
-        """file_paths served by the file endpoint."""
-        return list(self._downloads)
 
     @property
     def webhook_url(self) -> str:
@@ -1240,40 +1211,6 @@ class TelegramSimulator:
         msg = self._user_message(user, chat, origin, reply_to_bot_message_id, fields)
         return self.push_update({"message": msg})
 
-    def user_sends_photo(
-        self, data: bytes = _FAKE_JPEG, caption: str | None = None, **origin: Unpack[Origin]
-    ) -> JSON:
-        """A user sends a photo; its sizes are downloadable through getFile."""
-        user, chat = self._origin(origin)
-        fields: JSON = {"photo": self._photo_sizes(data)}
-        fields.update(self._caption_fields(caption))
-        return self.push_update({"message": self._user_message(user, chat, origin, None, fields)})
-
-    def user_sends_document(
-        self,
-        data: bytes,
-        file_name: str = "document.txt",
-        mime_type: str | None = None,
-        caption: str | None = None,
-        **origin: Unpack[Origin],
-    ) -> JSON:
-        """A user sends a document; it is downloadable through getFile."""
-        user, chat = self._origin(origin)
-        fields: JSON = {"document": self._document(data, file_name, mime_type)}
-        fields.update(self._caption_fields(caption))
-        return self.push_update({"message": self._user_message(user, chat, origin, None, fields)})
-
-    def user_sends_voice(
-        self, data: bytes, duration: int = 1, caption: str | None = None, **origin: Unpack[Origin]
-    ) -> JSON:
-        """A user sends a voice note (OGG/Opus); it is downloadable through getFile."""
-        user, chat = self._origin(origin)
-        f = self._store_file(data, "voice", "voice.oga")
-        voice = {"file_id": f.file_id, "file_unique_id": f.file_unique_id, "duration": duration,
-                 "mime_type": "audio/ogg", "file_size": len(data)}
-        fields: JSON = {"voice": voice, **self._caption_fields(caption)}
-        return self.push_update({"message": self._user_message(user, chat, origin, None, fields)})
-
     def user_edits(
         self, message_id: int, text: str, *, entities: list[JSON] | None = None, **origin: Unpack[Origin]
     ) -> JSON:
@@ -1308,10 +1245,6 @@ class TelegramSimulator:
         if msg is None:
             raise KeyError(f"no message {message_id} in chat {chat['id']}")
         return self.user_clicks(message_id, button_data(msg, label), inaccessible=inaccessible, **origin)
-
-    def add_file(self, data: bytes, file_name: str = "file.bin", folder: str = "documents") -> str:
-        """Register bytes for getFile + download; returns the file_id."""
-        return self._store_file(data, folder, file_name).file_id
 
     # ----------------------------------------------------------------- driver internals
 
@@ -1373,38 +1306,6 @@ class TelegramSimulator:
         if ents := _auto_entities(caption):
             fields["caption_entities"] = ents
         return fields
-
-    def _store_file(self, data: bytes, folder: str, file_name: str) -> _StoredFile:
-        self._file_seq += 1
-        seq = self._file_seq
-        ext = ("." + file_name.rsplit(".", 1)[1]) if "." in file_name else ""
-        stored = _StoredFile(
-            file_id=f"BQACAgIAAxkBAAI{seq:06d}",
-            file_unique_id=f"AgAD{seq:06d}",
-            file_path=f"{folder}/file_{seq}{ext}",
-            data=data,
-        )
-        self._files[stored.file_id] = stored
-        self._files_by_path[stored.file_path] = stored
-        return stored
-
-    def _photo_sizes(self, data: bytes, stored: _StoredFile | None = None) -> list[JSON]:
-        thumb = self._store_file(data, "photos", "photo.jpg")
-        full = stored or self._store_file(data, "photos", "photo.jpg")
-        return [
-            {"file_id": f.file_id, "file_unique_id": f.file_unique_id, "file_size": len(data), "width": w, "height": h}
-            for f, w, h in ((thumb, 90, 68), (full, 1280, 960))
-        ]
-
-    def _document(self, data: bytes, file_name: str, mime_type: str | None, stored: _StoredFile | None = None) -> JSON:
-        f = stored or self._store_file(data, "documents", file_name)
-        return {
-            "file_id": f.file_id,
-            "file_unique_id": f.file_unique_id,
-            "file_name": file_name,
-            "mime_type": mime_type or mimetypes.guess_type(file_name)[0] or "application/octet-stream",
-            "file_size": len(data),
-        }
 
     def _new_message(
         self,
@@ -1521,6 +1422,17 @@ class TelegramSimulator:
             raise _ApiError(400, f"Bad Request: {too_long}")
         return text, ents
 
+    def _bot_message(self, call: Call, chat: JSON, fields: JSON) -> JSON:
+        """The bot's message in ``chat`` with ``fields``, replying, in the topic and with the inline keyboard that
+        ``call`` asks for; recorded as sent."""
+        p = call.params
+        reply_to = self._reply_target(chat, p)
+        if markup := _inline_markup(p.get("reply_markup")):
+            fields["reply_markup"] = markup
+        msg = self._new_message(chat, self.bot_user, thread_id=self._thread_id(p), reply_to=reply_to, fields=fields)
+        self._sent.append(Sent(call, msg))
+        return msg
+
     def _reply_target(self, chat: JSON, params: JSON) -> JSON | None:
         rp = params.get("reply_parameters")
         allow = bool(params.get("allow_sending_without_reply"))
@@ -1545,6 +1457,10 @@ class TelegramSimulator:
         return None if value is None else _as_int(value, 0)
 
     # ----------------------------------------------------------------- HTTP
+
+    @staticmethod
+    def _api_error(code: int, description: str) -> Exception:
+        return _ApiError(code, description)
 
     @staticmethod
     def _json_response(status: int, body: JSON) -> web.Response:
@@ -1636,16 +1552,6 @@ class TelegramSimulator:
                 call.done_t = time.monotonic()
                 self._changed()
             raise
-
-    async def _handle_file(self, request: web.Request) -> web.Response:
-        if request.match_info["token"] != self.token:
-            return self._json_response(401, _error_body(401, "Unauthorized"))
-        stored = self._files_by_path.get(request.match_info["path"])
-        if stored is None:
-            return self._json_response(404, _error_body(404, "Not Found"))
-        self._downloads.append(stored.file_path)
-        self._changed()
-        return web.Response(body=stored.data, content_type="application/octet-stream")
 
     async def _handle_unknown_path(self, request: web.Request) -> web.Response:
         return self._json_response(404, _error_body(404, "Not Found"))
@@ -1741,17 +1647,10 @@ class TelegramSimulator:
         text, entities = self._format(
             p.get("text"), p.get("parse_mode"), p.get("entities"), limit=MAX_TEXT_LENGTH, what="text"
         )
-        reply_to = self._reply_target(chat, p)
         fields: JSON = {"text": text}
         if entities:
             fields["entities"] = entities
-        if markup := _inline_markup(p.get("reply_markup")):
-            fields["reply_markup"] = markup
-        msg = self._new_message(
-            chat, self.bot_user, thread_id=self._thread_id(p), reply_to=reply_to, fields=fields
-        )
-        self._sent.append(Sent(call, msg))
-        return msg
+        return self._bot_message(call, chat, fields)
 
     async def _edit_message_text(self, call: Call) -> JSON | bool:
         p = call.params
@@ -1791,65 +1690,6 @@ class TelegramSimulator:
             raise _ApiError(400, "Bad Request: wrong parameter action in request")
         self._chat_actions.append(call)
         return True
-
-    def _media_input(self, call: Call, key: str) -> tuple[_StoredFile, UploadedFile | None]:
-        value = call.params.get(key)
-        if value is None or value == "":
-            raise _ApiError(400, f"Bad Request: there is no {key} in the request")
-        value = str(value)
-        if value.startswith("attach://"):
-            upload = call.files.get(value.removeprefix("attach://"))
-            if upload is None:
-                raise _ApiError(400, f"Bad Request: there is no {key} in the request")
-            folder = "photos" if key == "photo" else "documents"
-            return self._store_file(upload.data, folder, upload.filename or f"{key}.bin"), upload
-        if value in self._files:
-            return self._files[value], None
-        if value.startswith(("http://", "https://")):
-            # Not fetched: the simulator stays offline.
-            return self._store_file(b"", "documents", value.rsplit("/", 1)[-1] or "file.bin"), None
-        raise _ApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
-
-    async def _send_media(self, call: Call, key: Literal["photo", "document"]) -> JSON:
-        p = call.params
-        chat = self._resolve_chat(p)
-        caption, caption_entities = self._format(
-            p.get("caption"), p.get("parse_mode"), p.get("caption_entities"), limit=MAX_CAPTION_LENGTH, what="caption"
-        )
-        stored, upload = self._media_input(call, key)
-        reply_to = self._reply_target(chat, p)
-        fields: JSON = {}
-        if key == "photo":
-            fields["photo"] = self._photo_sizes(stored.data, stored)
-        else:
-            name = (upload.filename if upload else None) or stored.file_path.rsplit("/", 1)[-1]
-            fields["document"] = self._document(stored.data, name, upload.content_type if upload else None, stored)
-        if caption:
-            fields["caption"] = caption
-            if caption_entities:
-                fields["caption_entities"] = caption_entities
-        if markup := _inline_markup(p.get("reply_markup")):
-            fields["reply_markup"] = markup
-        msg = self._new_message(chat, self.bot_user, thread_id=self._thread_id(p), reply_to=reply_to, fields=fields)
-        self._sent.append(Sent(call, msg))
-        return msg
-
-    async def _send_photo(self, call: Call) -> JSON:
-        return await self._send_media(call, "photo")
-
-    async def _send_document(self, call: Call) -> JSON:
-        return await self._send_media(call, "document")
-
-    async def _get_file(self, call: Call) -> JSON:
-        stored = self._files.get(str(call.params.get("file_id") or ""))
-        if stored is None:
-            raise _ApiError(400, "Bad Request: invalid file_id")
-        return {
-            "file_id": stored.file_id,
-            "file_unique_id": stored.file_unique_id,
-            "file_size": len(stored.data),
-            "file_path": stored.file_path,
-        }
 
     async def _get_chat(self, call: Call) -> JSON:
         chat = self._resolve_chat(call.params)

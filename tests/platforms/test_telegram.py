@@ -37,8 +37,9 @@ from gateway.sim.telegram_api import (
     TelegramSimulator,
 )
 from platforms import telegram as telegram_platform
-from platforms.base import Accepted, MessageEvent, utf16_len
-from platforms.telegram import AttachmentTooLarge, TelegramAdapter, TelegramSettings
+from platforms.base import Accepted, Attachment, MessageEvent, utf16_len
+from platforms.files import AttachmentTooLarge
+from platforms.telegram import TelegramAdapter, TelegramSettings
 from platforms.webhook_signatures import sign
 
 ALICE = DEFAULT_USER_ID
@@ -591,12 +592,12 @@ async def test_events_carry_ids_mentions_threads_and_attachments(world: World, a
         ("document", "report.txt", "text/plain", 11)]
     assert [(a.kind, a.mime_type, a.size) for a in voice.attachments] == [("voice", "audio/ogg", 10)]
     assert (topic.thread_id, topic.mentions_bot, topic.message_id) == ("3", True, "1")
-    assert await bot.download(doc.attachments[0].file_id) == b"report body"
-    assert await bot.download(voice.attachments[0].file_id) == b"OggS voice"
-    too_big = sim.add_file(b"x" * 65, "big.bin")
-    with pytest.raises(AttachmentTooLarge):
-        await bot.download(too_big)
-    assert len(sim.downloads) == 2
+    assert await bot.fetch_attachment(doc.attachments[0], max_bytes=1024) == b"report body"
+    assert await bot.fetch_attachment(voice.attachments[0], max_bytes=1024) == b"OggS voice"
+    too_big = Attachment("document", sim.add_file(b"x" * 65, "big.bin"))
+    with pytest.raises(AttachmentTooLarge):  # max_attachment_bytes (64) caps a larger max_bytes
+        await bot.fetch_attachment(too_big, max_bytes=1024)
+    assert len(sim.downloads) == 2, "the file over the limit was refused on getFile's file_size, not downloaded"
 
 
 async def test_send_results_map_telegram_errors_for_the_outbox(world: World, adapter: Any) -> None:
