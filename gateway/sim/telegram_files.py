@@ -4,9 +4,9 @@
 ``/file/bot<token>/<file_path>`` (and ``file_size``, unless the file was added with ``sized=False``), or Telegram's
 ``Bad Request: file is too big`` above ``download_limit`` (20 MB). sendPhoto, sendDocument, sendVoice and sendAudio
 take a multipart upload (or a known file_id); the caption is validated and parsed like sendMessage's text (0-1024
-characters after entities parsing); a reply and a topic work as for text. A voice note must be OGG/Opus, MP3 or M4A,
-else Telegram shows it as a document, as here. Uploads above ``upload_limit`` (50 MB) get 413, photos above
-``photo_upload_limit`` (10 MB) a 400.
+characters after entities parsing); a reply and a topic work as for text. A voice note must be OGG/Opus, MP3 or M4A
+of at most ``voice_note_limit`` (1 MB), else Telegram shows it as a document, as here. Uploads above ``upload_limit``
+(50 MB) get 413, photos above ``photo_upload_limit`` (10 MB) a 400.
 
 Drivers: ``user_sends_photo`` / ``_document`` / ``_voice`` / ``_audio``, ``add_file``. Readers: ``sent_media``
 (``Sent.files`` holds the uploads), ``downloads``. Knobs: ``chunked_downloads`` (no Content-Length), the limits above.
@@ -35,7 +35,7 @@ JSON = dict[str, Any]
 MediaKey = Literal["photo", "document", "voice", "audio"]
 
 MAX_CAPTION_LENGTH = 1024
-MIB = 1024 * 1024
+MB = 1_000_000
 FAKE_JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x00" * 32 + b"\xff\xd9"
 _CHUNK = 64 * 1024
 _FOLDERS: dict[str, str] = {"photo": "photos", "voice": "voice", "audio": "music"}  # else "documents"
@@ -92,12 +92,14 @@ def _is_voice(data: bytes) -> bool:
 class FilesMixin:
     """Files, getFile, downloads and uploads for ``TelegramSimulator`` (which provides messages and errors)."""
 
-    download_limit: int = 20 * MIB
+    download_limit: int = 20 * MB
     """Largest file getFile hands out (larger: ``Bad Request: file is too big``)."""
-    upload_limit: int = 50 * MIB
+    upload_limit: int = 50 * MB
     """Largest file a bot may upload (larger: 413 Request Entity Too Large)."""
-    photo_upload_limit: int = 10 * MIB
+    photo_upload_limit: int = 10 * MB
     """Largest photo sendPhoto takes (larger: 400)."""
+    voice_note_limit: int = 1 * MB
+    """Largest upload sendVoice shows as a voice note (larger: as a document)."""
     chunked_downloads: bool = False
     """Serve downloads without Content-Length: a client learns the size only by reading."""
 
@@ -258,7 +260,7 @@ class FilesMixin:
         duration = int(params.get("duration") or 0)
         if key == "photo":
             return {"photo": self._photo_sizes(stored.data, stored)}
-        if key == "voice" and _is_voice(stored.data):
+        if key == "voice" and _is_voice(stored.data) and len(stored.data) <= self.voice_note_limit:
             return {"voice": self._voice(stored, mime_type or "audio/ogg", duration)}
         if key == "audio":
             return {"audio": self._audio(stored, name, mime_type, duration)}
