@@ -58,7 +58,7 @@ def _send_file(args: dict[str, Any], **ctx: Any) -> str:
         target, relative = _workspace_file(ctx, args.get("path"))
     except WorkspaceError as exc:
         return tool_error(str(exc))
-    limits: Mapping[str, int] = ctx.get("upload_limits") or {}
+    limits: Mapping[str, int] = json.loads(ctx.get("upload_limits") or "{}")
     if not any(limits.values()):
         return tool_error("Files cannot be sent from here: this run has no chat that takes files.")
     size = target.stat().st_size

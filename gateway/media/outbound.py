@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,11 +32,11 @@ _BREAKS = ("softbreak", "hardbreak")
 _SPOKEN = ("text", "code_inline", *_BREAKS)
 
 
-def upload_limits(adapter: BasePlatformAdapter | None, chat_id: str | None) -> dict[str, int]:
-    """The largest file of each kind the chat takes (for ``send_file``'s check; empty: none)."""
-    if adapter is None:
-        return {}
-    return {kind: adapter.upload_limit(kind, chat_id) for kind in sorted(OUTGOING_KINDS)}
+def upload_limits(adapter: BasePlatformAdapter | None, chat_id: str | None) -> str:
+    """The largest file of each kind the chat takes, as JSON (for ``send_file``'s check, through the sandbox's
+    plain-valued context; ``{}``: none)."""
+    limits = {kind: adapter.upload_limit(kind, chat_id) for kind in sorted(OUTGOING_KINDS)} if adapter else {}
+    return json.dumps(limits)
 
 
 def _size(n: int) -> str:
