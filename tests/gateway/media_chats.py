@@ -3,6 +3,10 @@ simulator, driven the same way (a user sends a photo, a document, a voice note; 
 
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +35,8 @@ class MediaChat(Protocol):
     """A user's chat with the bot on one platform."""
 
     platform: str
+    gateways: list[Gateway]
+    """Every gateway ``start`` started (``open_chat`` stops them)."""
 
     async def start(self, overrides: dict[str, Any] | None = None) -> Gateway:
         """Start a gateway on the chat's simulator (config overrides merged in); stopped by the fixture."""
@@ -122,3 +128,24 @@ class TelegramChat:
             shown_as = sent.method.removeprefix("send").lower()
             found.append(SentFile(upload.filename or "", upload.data, sent.text or "", shown_as))
         return found
+
+
+@asynccontextmanager
+async def telegram_chat(model: ScriptedModel, home: Path) -> AsyncIterator[TelegramChat]:
+    """A private chat on a Telegram simulator started here."""
+    async with TelegramSimulator() as sim:
+        yield TelegramChat(sim, model, home)
+
+
+@asynccontextmanager
+async def open_chat(platform: str, model: ScriptedModel, home: Path) -> AsyncIterator[MediaChat]:
+    """A chat on ``platform``'s simulator (``<platform>_chat`` in tests/gateway/media_chat_<platform>.py, Telegram's
+    here) with gateways on ``model``; every gateway it started stops on exit."""
+    module = sys.modules[__name__] if platform == "telegram" else importlib.import_module(
+        f"tests.gateway.media_chat_{platform}")
+    async with getattr(module, f"{platform}_chat")(model, home) as driver:
+        try:
+            yield driver
+        finally:
+            for gateway in driver.gateways:
+                await gateway.stop(drain_timeout=1)

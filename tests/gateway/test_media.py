@@ -15,8 +15,7 @@ import pytest
 from gateway.media.sniff import sniff
 from gateway.sim.model_media import image_parts, opus_silence
 from gateway.sim.model_server import JSON, ScriptedModel, Turn, last_user_text, tool_call, tool_calls
-from gateway.sim.telegram_api import TelegramSimulator
-from tests.gateway.media_chats import MediaChat, TelegramChat
+from tests.gateway.media_chats import MediaChat, open_chat
 from tests.media_samples import camera_jpeg, decoded_image, pdf_with_text, png_chart
 
 PDF_TEXT = "The launch code is 4711."
@@ -47,18 +46,13 @@ class MediaModel:
         return Turn(content=f"Echo: {text}")
 
 
-@pytest.fixture(params=["telegram"])
+@pytest.fixture(params=["telegram", "slack", "discord"])
 async def chat(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[MediaChat, MediaModel,
                                                                                        ScriptedModel]]:
     """A user's chat on each platform, the model's responder and the model server."""
     model = MediaModel()
-    async with ScriptedModel(model) as server:
-        if request.param == "telegram":
-            async with TelegramSimulator() as sim:
-                driver = TelegramChat(sim, server, tmp_path)
-                yield driver, model, server
-                for gateway in driver.gateways:
-                    await gateway.stop(drain_timeout=1)
+    async with ScriptedModel(model) as server, open_chat(request.param, server, tmp_path) as driver:
+        yield driver, model, server
 
 
 def _user_turn(request: JSON) -> JSON:
