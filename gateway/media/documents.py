@@ -6,11 +6,12 @@ import io
 import re
 import unicodedata
 from dataclasses import dataclass
-
-from pypdf import PasswordType, PdfReader
-from pypdf.errors import DependencyError
+from typing import TYPE_CHECKING
 
 from gateway.media.errors import MediaError
+
+if TYPE_CHECKING:
+    from pypdf import PdfReader
 
 MAX_NAME_BYTES = 120
 """The longest file name kept, in UTF-8 bytes, extension included (file systems allow 255; the gateway adds
@@ -68,7 +69,10 @@ class PdfText:
 
 def _open(data: bytes) -> tuple[PdfReader, int]:
     """A reader of ``data`` and its page count, decrypted when it only has an owner password (printing or copying
-    restricted)."""
+    restricted). pypdf (13 MiB with its crypto providers) is imported on the first PDF, not by every gateway."""
+    from pypdf import PasswordType, PdfReader
+    from pypdf.errors import DependencyError
+
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and reader.decrypt("") == PasswordType.NOT_DECRYPTED:
