@@ -419,3 +419,24 @@ async def test_answered_approvals_and_dead_interaction_tokens_go(store: Store) -
     assert left == sorted([waiting.id, recent.id])
     keys = await store.db.read(lambda c: sorted(c.execute(sa.select(platform_state_t.c.key)).scalars()))
     assert keys == [f"{INTERACTION_STATE_PREFIX}2", "telegram:offset"]
+
+
+async def test_a_sent_files_bytes_go_once_no_waiting_part_needs_them(store: Store) -> None:
+    """A file's bytes are stored once (by SHA-256) with the parts that send it; pruning keeps them while any part
+    that sends them waits, whatever their age, and removes them once every such part was sent."""
+    from gateway.media.outbound import file_part
+    from gateway.schema import outbox_files_t
+
+    chart = file_part("photo", "chart.png", "image/png", b"\x89PNG chart")
+    parts = [OutboxPart(f"run-f:{n}", "telegram", "100", "caption", part_index=n, run_id="run-f", file=chart)
+             for n in range(2)]
+    first, second = await store.enqueue(parts)
+    assert await _count(store, outbox_files_t) == 1
+    assert await store.outbox_file(chart.sha256) == b"\x89PNG chart"
+    assert (first.file.name, first.file.kind, first.file.size, first.file.data) == ("chart.png", "photo", 10, None)
+    await store.mark_sent(first.id, "m1")
+    report = await prune(store, RULES, pause=0)
+    assert report.rows["files"] == 0 and await store.outbox_file(chart.sha256) is not None  # the second waits
+    await store.mark_sent(second.id, "m2")
+    report = await prune(store, RULES, pause=0)
+    assert report.rows["files"] == 1 and await store.outbox_file(chart.sha256) is None
