@@ -72,13 +72,18 @@ def _send_file(args: dict[str, Any], **ctx: Any) -> str:
                        attach={"path": relative, "caption": caption, "as": send_as})
 
 
-def parse_attach(result: str) -> dict[str, str] | None:
-    """The ``attach`` request of a ``send_file`` result (path, caption, as); None for any other result."""
+def _field(result: str, name: str) -> Any:
+    """``name`` of a tool result's JSON object; None when the result is no such object."""
     try:
         payload = json.loads(result)
     except (TypeError, ValueError):
         return None
-    attach = payload.get("attach") if isinstance(payload, dict) else None
+    return payload.get(name) if isinstance(payload, dict) else None
+
+
+def parse_attach(result: str) -> dict[str, str] | None:
+    """The ``attach`` request of a ``send_file`` result (path, caption, as); None for any other result."""
+    attach = _field(result, "attach")
     if not isinstance(attach, dict) or not all(isinstance(attach.get(k), str) for k in ("path", "caption", "as")):
         return None
     return {k: attach[k] for k in ("path", "caption", "as")}
@@ -86,11 +91,7 @@ def parse_attach(result: str) -> dict[str, str] | None:
 
 def parse_show_image(result: str) -> str | None:
     """The workspace path a ``vision_analyze`` result asks the gateway to show the model; None otherwise."""
-    try:
-        payload = json.loads(result)
-    except (TypeError, ValueError):
-        return None
-    path = payload.get("show_image") if isinstance(payload, dict) else None
+    path = _field(result, "show_image")
     return path if isinstance(path, str) else None
 
 

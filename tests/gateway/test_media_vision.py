@@ -55,6 +55,12 @@ async def chat(tmp_path: Path) -> AsyncIterator[tuple[TelegramChat, VisionModel]
                 await gateway.stop(drain_timeout=1)
 
 
+def _chart_in_workspace(home: Path) -> None:
+    workspace = home / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "chart.png").write_bytes(png_chart())
+
+
 async def test_a_chat_model_without_vision_has_the_vision_model_describe_a_photo(
         chat: tuple[TelegramChat, VisionModel]) -> None:
     driver, model = chat
@@ -72,9 +78,7 @@ async def test_a_chat_model_without_vision_has_the_vision_model_describe_a_photo
 async def test_a_chat_model_with_vision_is_shown_a_workspace_image(chat: tuple[TelegramChat, VisionModel],
                                                                    tmp_path: Path) -> None:
     driver, model = chat
-    workspace = tmp_path / "workspace"
-    workspace.mkdir(parents=True, exist_ok=True)
-    (workspace / "chart.png").write_bytes(png_chart())
+    _chart_in_workspace(tmp_path)
     await driver.start({"model": {"vision": True}})
     await driver.send_text("look at the chart")
     [answer] = await driver.texts(1)
@@ -88,9 +92,7 @@ async def test_a_chat_model_with_vision_is_shown_a_workspace_image(chat: tuple[T
 async def test_without_vision_anywhere_the_tool_says_why(chat: tuple[TelegramChat, VisionModel],
                                                          tmp_path: Path) -> None:
     driver, _ = chat
-    workspace = tmp_path / "workspace"
-    workspace.mkdir(parents=True, exist_ok=True)
-    (workspace / "chart.png").write_bytes(png_chart())
+    _chart_in_workspace(tmp_path)
     await driver.start({"model": {"vision": False}})
     await driver.send_text("look at the chart")
     [answer] = await driver.texts(1)
