@@ -5,7 +5,8 @@ base_file_url=sim.base_file_url)``. Driver methods (``user_sends`` ...) play the
 (``calls``, ``sent_messages`` ...) show what the bot did; ``fail_next`` / ``drop_next`` /
 ``slow_next`` inject faults. Updates are kept until confirmed by a ``getUpdates`` offset or a 2xx
 webhook answer, like Telegram does, so at-least-once delivery can be tested. Inline keyboards, button
-presses and command menus are the interactive part (``telegram_interactive``, ``sim.interactive``).
+presses and command menus are the interactive part (``telegram_interactive``, ``sim.interactive``); files
+(getFile, downloads, uploads, their limits and faults) are ``telegram_files``, mixed in.
 """
 
 from __future__ import annotations
