@@ -270,9 +270,10 @@ class Router:
 
     def _steer(self, job: RunJob) -> bool:
         """Hand a chat message to its session's run going on here (gateway/steering.py); False when there is
-        none taking messages, or when earlier messages wait for the session (they go first)."""
+        none taking messages, when earlier messages wait for the session (they go first), or when it carries files
+        (they are fetched when a run starts: it runs next)."""
         box = self._steering.get(job.session_key)
-        if box is None or self.lanes.queued(job.session_key):
+        if box is None or self.lanes.queued(job.session_key) or job.event.attachments:
             return False
         return box.offer(Steered(job.event.text, job.inbox_id, job.run_id), job)
 

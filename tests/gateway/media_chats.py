@@ -76,7 +76,7 @@ def _config(home: Path, model: ScriptedModel, platform: dict[str, Any], override
     return parse_config(deep_merge(raw, overrides or {}), env={"HERMES_GATEWAY_HOME": str(home)})
 
 
-class TelegramChat:
+class TelegramMediaChat:
     """A private chat with the bot on the Telegram simulator."""
 
     platform = "telegram"
@@ -131,10 +131,10 @@ class TelegramChat:
 
 
 @asynccontextmanager
-async def telegram_chat(model: ScriptedModel, home: Path) -> AsyncIterator[TelegramChat]:
+async def telegram_chat(model: ScriptedModel, home: Path) -> AsyncIterator[TelegramMediaChat]:
     """A private chat on a Telegram simulator started here."""
     async with TelegramSimulator() as sim:
-        yield TelegramChat(sim, model, home)
+        yield TelegramMediaChat(sim, model, home)
 
 
 @asynccontextmanager

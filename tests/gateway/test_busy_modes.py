@@ -149,3 +149,19 @@ async def test_busy_refuses_an_unknown_mode(tmp_path: Path, wrong: str) -> None:
         await chat.start()
         assert await chat.command(wrong) == "Usage: /busy [queue|interrupt|steer]"
         assert (await chat.gateway.router.settings.session(SESSION)).busy is None
+
+
+async def test_a_photo_sent_while_steering_is_not_steered_but_runs_next(tmp_path: Path) -> None:
+    """Files are fetched when a run starts: a photo arriving during a steerable run is its own next run (a steered
+    message gives the loop only text, so the photo would be lost), and the model is told about the photo."""
+    async with telegram_chat(tmp_path) as chat:
+        gate = chat.script.on("first", tool_call("todo", {"action": "list"}), held=True)
+        await _busy_run(chat, "steer")
+        update = chat.sim.user_sends_photo(caption="and this photo")
+        await chat.sim.wait_for(lambda: update not in chat.sim.pending_updates, timeout=10)
+        gate.set()
+        await chat.sim.wait_for_messages(3, CHAT, timeout=10)  # /busy's reply, then both answers
+        assert "and this photo" not in str(chat.model.requests[1]["messages"])  # the first run's second call
+        assert chat.texts()[2].startswith("Echo: and this photo\n\n[image photo.jpg")
+        assert [(prompt, status) for prompt, status, _ in await _runs(chat.store)] == [
+            ("first", "completed"), ("and this photo", "completed")]

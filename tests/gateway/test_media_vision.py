@@ -12,7 +12,7 @@ import pytest
 
 from gateway.sim.model_media import image_parts
 from gateway.sim.model_server import JSON, ScriptedModel, Turn, last_user_text, tool_call
-from tests.gateway.media_chats import TelegramChat, telegram_chat
+from tests.gateway.media_chats import TelegramMediaChat, telegram_chat
 from tests.media_samples import camera_jpeg, decoded_image, png_chart
 
 VISION_MODEL = "llava-test"
@@ -45,7 +45,7 @@ class VisionModel:
 
 
 @pytest.fixture
-async def chat(tmp_path: Path) -> AsyncIterator[tuple[TelegramChat, VisionModel]]:
+async def chat(tmp_path: Path) -> AsyncIterator[tuple[TelegramMediaChat, VisionModel]]:
     model = VisionModel()
     async with ScriptedModel(model) as server, telegram_chat(server, tmp_path) as driver:
         try:
@@ -62,7 +62,7 @@ def _chart_in_workspace(home: Path) -> None:
 
 
 async def test_a_chat_model_without_vision_has_the_vision_model_describe_a_photo(
-        chat: tuple[TelegramChat, VisionModel]) -> None:
+        chat: tuple[TelegramMediaChat, VisionModel]) -> None:
     driver, model = chat
     await driver.start({"model": {"vision": False}, "media": {"vision": {"model": VISION_MODEL}}})
     await driver.send_photo(camera_jpeg(2400, 1600))
@@ -75,7 +75,7 @@ async def test_a_chat_model_without_vision_has_the_vision_model_describe_a_photo
     assert max(decoded_image(shown).size) == 1568
 
 
-async def test_a_chat_model_with_vision_is_shown_a_workspace_image(chat: tuple[TelegramChat, VisionModel],
+async def test_a_chat_model_with_vision_is_shown_a_workspace_image(chat: tuple[TelegramMediaChat, VisionModel],
                                                                    tmp_path: Path) -> None:
     driver, model = chat
     _chart_in_workspace(tmp_path)
@@ -89,7 +89,7 @@ async def test_a_chat_model_with_vision_is_shown_a_workspace_image(chat: tuple[T
     assert all(not image_parts({"messages": [m]}) for m in last[:-1])  # only the message after the tool result
 
 
-async def test_without_vision_anywhere_the_tool_says_why(chat: tuple[TelegramChat, VisionModel],
+async def test_without_vision_anywhere_the_tool_says_why(chat: tuple[TelegramMediaChat, VisionModel],
                                                          tmp_path: Path) -> None:
     driver, _ = chat
     _chart_in_workspace(tmp_path)
