@@ -40,6 +40,7 @@ from gateway.sim.discord_files import (
     CDN_PATH,
     CDN_ROUTE,
     MAX_REQUEST_SIZE,
+    VOICE_MESSAGE_FLAG,
     AttachmentSpec,
     FilesMixin,
     UploadedPart,
@@ -600,8 +601,10 @@ class DiscordSimulator(FilesMixin, InteractionsMixin):
             raise ValueError(f"no message {reply_to} to reply to")
         files = self._user_attachments(channel_id, attachments)
         allowed = None if ping_reply else {"parse": ["users", "roles", "everyone"], "replied_user": False}
+        voice = any(s.voice_fields() for s in attachments)
         return self._post(channel, self._users[user_id], content, reference=reference, allowed=allowed,
-                          replied_user=ping_reply, attachments=files)
+                          replied_user=ping_reply, attachments=files,
+                          fields={"flags": VOICE_MESSAGE_FLAG} if voice else None)
 
     def create_thread(self, name: str = "topic", *, parent_id: int = GENERAL_ID, owner_id: int = ALICE_ID) -> int:
         """A user starts a public thread under a text channel (THREAD_CREATE); returns the thread id."""

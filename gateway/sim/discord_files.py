@@ -1,7 +1,8 @@
 """The Discord simulator's files: what users attach, the CDN serving it, and files the bot uploads with a message.
 
-``DiscordSimulator`` mixes this in. Attachments (``AttachmentSpec`` on ``user_sends``) and the bot's uploads are kept
-with their bytes and served, without credentials, at signed CDN links shaped like Discord's
+``DiscordSimulator`` mixes this in. Attachments (``AttachmentSpec`` on ``user_sends``; ``voice_message`` for a voice
+message, whose message gets the IS_VOICE_MESSAGE flag) and the bot's uploads are kept with their bytes and served,
+without credentials, at signed CDN links shaped like Discord's
 (``/attachments/{channel}/{id}/{name}?ex=..&is=..&hm=..``; an expired or tampered link answers 404). A message create
 may be multipart, as discord.py sends a file (``payload_json`` + ``files[n]``): the same checks and nonce dedupe as a
 JSON create, each file at most the channel's upload limit (``default_upload_limit``, or its guild's boost tier's, see
@@ -12,6 +13,7 @@ JSON create, each file at most the channel's upload limit (``default_upload_limi
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -19,6 +21,7 @@ import json
 import mimetypes
 import random
 import secrets
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,8 +30,8 @@ from urllib.parse import quote
 
 from aiohttp import BodyPartReader, hdrs, web
 
-__all__ = ["CDN_PATH", "CDN_ROUTE", "MAX_REQUEST_SIZE", "AttachmentSpec", "Download", "FilesMixin", "StoredFile",
-           "UploadedPart", "read_body"]
+__all__ = ["CDN_PATH", "CDN_ROUTE", "MAX_REQUEST_SIZE", "VOICE_MESSAGE_FLAG", "AttachmentSpec", "Download",
+           "FilesMixin", "StoredFile", "UploadedPart", "read_body", "voice_message"]
 
 JSON = dict[str, Any]
 
@@ -40,6 +43,11 @@ BOOSTED_UPLOAD_LIMITS = {2: 50 * 1024 * 1024, 3: 100 * 1024 * 1024}
 """Per-file upload limits of guilds by boost tier, where above the default."""
 MAX_REQUEST_SIZE = 128 * 1024 * 1024
 """The largest request body the simulator reads (aiohttp's default is 1 MiB)."""
+VOICE_MESSAGE_FLAG = 1 << 13
+"""The message flag IS_VOICE_MESSAGE, set on a message carrying a voice message."""
+_OPUS_RATE = 48_000
+_WAVEFORM_SAMPLES_PER_SECOND = 10
+_MAX_WAVEFORM = 256
 _CHUNK = 64 * 1024
 _GONE = "This content is no longer available."
 
@@ -52,10 +60,34 @@ class AttachmentSpec:
     content_type: str = "application/octet-stream"
     size: int = 1024
     data: bytes | None = None
+    duration_secs: float | None = None
+    """A voice message's length; with ``waveform``, what makes an attachment a voice message."""
+    waveform: bytes | None = None
+    """A voice message's amplitudes (one byte each, at most 256), sent base64-encoded."""
 
     def content(self) -> bytes:
         """The file's bytes (filler derived from the name, the same every time)."""
         return self.data if self.data is not None else random.Random(self.filename).randbytes(self.size)
+
+    def voice_fields(self) -> JSON:
+        """The attachment fields of a voice message (none for another file)."""
+        if self.duration_secs is None or self.waveform is None:
+            return {}
+        return {"duration_secs": self.duration_secs, "waveform": base64.b64encode(self.waveform).decode()}
+
+
+def voice_message(data: bytes) -> AttachmentSpec:
+    """A voice message as Discord's clients attach one: ``voice-message.ogg`` (OGG/Opus), its duration read from the
+    stream (the last page's granule position less the pre-skip, at 48 kHz) and a flat waveform of that length."""
+    head, last = data.find(b"OpusHead"), data.rfind(b"OggS")
+    if not data.startswith(b"OggS") or head < 0:
+        raise ValueError("a voice message is an OGG/Opus stream")
+    [pre_skip] = struct.unpack_from("<H", data, head + 10)
+    [granule] = struct.unpack_from("<q", data, last + 6)
+    duration = max(0, granule - pre_skip) / _OPUS_RATE
+    samples = min(_MAX_WAVEFORM, max(1, round(duration * _WAVEFORM_SAMPLES_PER_SECOND)))
+    return AttachmentSpec("voice-message.ogg", "audio/ogg", data=data, duration_secs=duration,
+                          waveform=bytes(samples))
 
 
 @dataclass(slots=True, frozen=True)
@@ -172,7 +204,7 @@ class FilesMixin:
         return BOOSTED_UPLOAD_LIMITS.get(tier, self.default_upload_limit)
 
     def _user_attachments(self, channel_id: int, specs: Sequence[AttachmentSpec]) -> list[JSON]:
-        return [self._attachment(channel_id, s.filename, s.content_type, s.content()) for s in specs]
+        return [self._attachment(channel_id, s.filename, s.content_type, s.content()) | s.voice_fields() for s in specs]
 
     def _uploads(self, channel: JSON, parts: Sequence[UploadedPart]) -> list[JSON]:
         """The attachments of a bot message from its file parts; 413 (40005) when one is over the limit."""

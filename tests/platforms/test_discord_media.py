@@ -11,7 +11,8 @@ from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
 from gateway.sim.discord_api import ALICE_ID, GENERAL_ID, GUILD_ID, AttachmentSpec, DiscordSimulator
-from gateway.sim.discord_files import CDN_ROUTE
+from gateway.sim.discord_files import CDN_ROUTE, VOICE_MESSAGE_FLAG, voice_message
+from gateway.sim.model_media import opus_silence
 from platforms.base import Accepted, AdapterState, Attachment, MessageEvent
 from platforms.discord import DISCORD_API, DiscordAdapter, DiscordSettings, delivery_nonce
 from platforms.discord_files import DEFAULT_UPLOAD_LIMIT, AttachmentDownloader
@@ -88,6 +89,23 @@ async def test_an_attachment_is_fetched_from_the_cdn_without_the_bot_token(sim: 
     assert await adapter.fetch_attachment(pdf, max_bytes=MIB) == AttachmentSpec("notes.pdf", size=300_000).content()
     assert [(d.status, d.complete) for d in sim.downloads] == [(200, True), (200, True)]
     assert all("Authorization" not in d.headers for d in sim.downloads), "the CDN needs no credentials"
+
+
+async def test_a_voice_message_is_a_voice_attachment_and_an_audio_file_is_audio(sim: DiscordSimulator,
+                                                                                connect: Connect) -> None:
+    adapter, inbox = await connect()
+    ogg = opus_silence(2.5)
+    spec = voice_message(ogg)
+    assert (spec.duration_secs, len(spec.waveform or b"")) == (2.5, 25)
+    voice_dm = sim.user_sends_dm("", attachments=[spec])
+    assert voice_dm["flags"] == VOICE_MESSAGE_FLAG and voice_dm["attachments"][0]["duration_secs"] == 2.5
+    (voice,) = await _attachments(sim, inbox, spec)
+    (song,) = await _attachments(sim, inbox, AttachmentSpec("song.ogg", "audio/ogg", data=ogg))
+    assert [(a.kind, a.name, a.mime_type) for a in (voice, song)] == [
+        ("voice", "voice-message.ogg", "audio/ogg"), ("audio", "song.ogg", "audio/ogg")]
+    assert await adapter.fetch_attachment(voice, max_bytes=MIB) == ogg
+    with pytest.raises(ValueError, match="OGG/Opus"):
+        voice_message(b"ID3 an mp3")
 
 
 async def test_an_attachment_over_the_limit_is_refused_before_it_is_downloaded(sim: DiscordSimulator,
