@@ -102,13 +102,13 @@ class MediaPreparer:
             label = attachment.name or _LABELS[attachment.kind]
             try:
                 saved = await self._saved(event.platform, attachment, adapter, folder)
-            except (AttachmentError, MediaError) as exc:
+                line, usable = await self._describe(saved, label, run_input, sees_images=sees_images,
+                                                    can_analyze=can_analyze)
+            except (AttachmentError, MediaError) as exc:  # a damaged image fails only when it is prepared
                 logger.info("attachment %s of %s refused: %s", attachment.file_id, event.dedupe_key, exc)
                 run_input.notices.append(f"⚠️ I could not take {label}: {exc}")
                 lines.append(f"[{label} could not be read: {exc}]")
                 continue
-            line, usable = await self._describe(saved, label, run_input, sees_images=sees_images,
-                                                can_analyze=can_analyze)
             lines.append(line)
             taken += usable
         run_input.empty = not taken and not event.text.strip()

@@ -97,3 +97,14 @@ async def test_without_vision_anywhere_the_tool_says_why(chat: tuple[TelegramMed
     await driver.send_text("look at the chart")
     [answer] = await driver.texts(1)
     assert "no vision model is configured (media.vision)" in answer
+
+
+async def test_a_damaged_photo_is_one_clear_message_and_no_model_call(chat: tuple[TelegramMediaChat, VisionModel]
+                                                                      ) -> None:
+    """A JPEG cut short passes the type check (its header is a JPEG's) and fails when it is prepared for the
+    model: the user hears why, the model is not called with a broken image."""
+    driver, model = chat
+    await driver.start({"model": {"vision": True}})
+    await driver.send_photo(camera_jpeg(800, 600)[:600])
+    [answer] = await driver.texts(1)
+    assert answer.startswith("⚠️ I could not take the photo: ") and model.requests == []
