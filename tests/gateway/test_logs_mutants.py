@@ -158,3 +158,58 @@ def test_an_unfinished_long_form_that_wraps_is_held_back_from_its_start() -> Non
     dump = " ".join(f"{byte:02x}" for byte in secret.encode()[:69])
     assert len(dump.split()) > logs._UNFINISHED_ATOMS
     assert Redactor([secret]).redact_unfinished(f"the dump: {dump}") == "the dump: "
+
+
+# -- the gaps of the run of 2026-12-04 ---------------------------------------------------------------------------
+
+def test_a_base64_form_with_fewer_than_eight_whole_characters_is_not_redacted() -> None:
+    """A 6-byte secret (48 bits) is 8 characters of its own in base64 when it starts a 3-byte group, but only 7
+    when it starts 1 byte into one: that form would also match ordinary base64 by chance, so it is not
+    redacted (``_MIN_ENCODED_CHARS``); the aligned one is.
+
+    Kills _base64_forms' ``atoms, whole = [], 1`` (every form counted one character longer: the 7-character
+    form redacted)."""
+    import base64
+
+    secret = "k3y!$9"
+    redact = Redactor([secret])
+    aligned = base64.b64encode(secret.encode() + b"tail").decode()
+    shifted = base64.b64encode(b"<" + secret.encode() + b"tail").decode()
+    assert redact(f"blob {aligned} end").startswith(f"blob {REDACTED}")
+    assert redact(f"blob {shifted} end") == f"blob {shifted} end"
+
+
+def test_a_partial_base64_character_matches_only_the_values_the_secret_allows() -> None:
+    """The last character of a 7-byte secret's base64 holds 2 of its bits ("c" ends in 11: one of
+    ``w``..``/``); a stream with another character there is not the secret and is left as it is.
+
+    Kills _base64_forms' ``"XXXX".join`` for a partial character's class (the class would also accept "X"),
+    and the padding's ``"={0,2}"`` left out, ``(end_bit % 6) and False`` and ``end_bit % 7`` (the stream's "=="
+    left after the redaction)."""
+    import base64
+
+    secret = "passabc"
+    encoded = base64.b64encode(secret.encode()).decode()
+    assert encoded[9] == "w" and encoded.endswith("w==")
+    redact = Redactor([secret])
+    assert redact(f"blob {encoded} end") == f"blob {REDACTED} end"
+    other = encoded[:9] + "X=="
+    assert redact(f"blob {other} end") == f"blob {other} end"
+
+
+def test_a_secret_of_ten_thousand_characters_is_redacted_in_every_form(caplog: pytest.LogCaptureFixture) -> None:
+    """A very long configured value (a key file, say) still fits RE2's memory budget: its plain, hex and base64
+    forms (at each offset into a 3-byte group) are all redacted, none is left out with a warning.
+
+    Kills _re2's ``max_mem = 64 >> 20`` (a budget of 0: RE2's own minimum, in which the 13,334-character base64
+    forms and the hex form do not compile and are left out)."""
+    import base64
+
+    secret = "".join("abcdefghijklmnopqrstuvwxyz0123456789"[(i * 7 + i // 36) % 36] for i in range(10_000))
+    data = secret.encode()
+    with caplog.at_level(logging.WARNING, logger="gateway.logs"):
+        redact = Redactor([secret])
+    assert not [r for r in caplog.records if "too large to redact" in r.getMessage()]
+    for shown in (secret, data.hex(), *(base64.b64encode(lead + data).decode() for lead in (b"", b"a", b"ab"))):
+        text = redact(f"value: {shown} end")
+        assert REDACTED in text and shown[20:-20] not in text
