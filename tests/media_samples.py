@@ -37,8 +37,9 @@ def png_chart(width: int = 320, height: int = 200) -> bytes:
     return out.getvalue()
 
 
-def pdf_with_text(*pages: str) -> bytes:
-    """A PDF with one page per string, each string as the page's text (Helvetica)."""
+def pdf_with_text(*pages: str, user_password: str | None = None) -> bytes:
+    """A PDF with one page per string, each string as the page's text (Helvetica); encrypted when
+    ``user_password`` is given (the owner's password is always another)."""
     writer = PdfWriter()
     font = DictionaryObject({NameObject("/Type"): NameObject("/Font"), NameObject("/Subtype"): NameObject("/Type1"),
                              NameObject("/BaseFont"): NameObject("/Helvetica")})
@@ -50,6 +51,8 @@ def pdf_with_text(*pages: str) -> bytes:
         stream = ContentStream(None, writer)
         stream.set_data(f"BT /F1 12 Tf 72 720 Td ({escaped}) Tj ET".encode())
         page.replace_contents(stream)
+    if user_password is not None:
+        writer.encrypt(user_password=user_password, owner_password="owner-secret", algorithm="AES-128")
     out = io.BytesIO()
     writer.write(out)
     return out.getvalue()

@@ -119,3 +119,17 @@ async def fault_response(
     if fault.after_chunks is None or not streaming:
         return drop(request)
     return None
+
+
+async def json_object(request: web.Request, authorized: bool) -> dict[str, object] | web.Response:
+    """A request's JSON object body, or the error OpenAI answers instead (401 unauthorized, 400 not a JSON
+    object)."""
+    if not authorized:
+        return error_response(401)
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        return error_response(400, "We could not parse the JSON body of your request.")
+    if not isinstance(body, dict):
+        return error_response(400, "The request body must be a JSON object.")
+    return body

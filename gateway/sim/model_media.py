@@ -23,7 +23,7 @@ from typing import Any
 import filetype
 from aiohttp import web
 
-from gateway.sim.model_faults import FaultQueue, Park, drop, error_response, fault_response
+from gateway.sim.model_faults import FaultQueue, Park, drop, error_response, fault_response, json_object
 
 JSON = dict[str, Any]
 
@@ -250,14 +250,9 @@ class AudioEndpoints(FaultQueue):
         return web.Response(body=json.dumps({"text": text}).encode(), content_type="application/json")
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorized(request):
-            return error_response(401)
-        try:
-            body = json.loads(await request.read())
-        except ValueError:
-            return error_response(400, "We could not parse the JSON body of your request.")
-        if not isinstance(body, dict):
-            return error_response(400, "The request body must be a JSON object.")
+        body = await json_object(request, self._authorized(request))
+        if isinstance(body, web.Response):
+            return body
         text, response_format = body.get("input"), body.get("response_format", "mp3")
         self.speeches.append(Speech(str(body.get("model", "")), str(text or ""), str(body.get("voice", "")),
                                     str(response_format)))

@@ -26,7 +26,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from gateway.sim.model_faults import FaultQueue, drop, error_response, fault_response
+from gateway.sim.model_faults import FaultQueue, drop, error_response, fault_response, json_object
 from gateway.sim.model_media import AudioEndpoints, image_parts, image_problem
 
 __all__ = [
@@ -435,14 +435,9 @@ class ScriptedModel(FaultQueue):
             self.in_flight -= 1
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorized(request):
-            return error_response(401)
-        try:
-            body = json.loads(await request.read())
-        except ValueError:
-            return error_response(400, "We could not parse the JSON body of your request.")
-        if not isinstance(body, dict):
-            return error_response(400, "The request body must be a JSON object.")
+        body = await json_object(request, self._authorized(request))
+        if isinstance(body, web.Response):
+            return body
         self._record(body)
         if not isinstance(body.get("messages"), list):
             return error_response(400, "Missing required parameter: 'messages'.", param="messages")

@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator
 import pytest
 from PIL import ExifTags, Image
 from PIL.PngImagePlugin import PngInfo
-from pypdf import PdfWriter
-from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 
 from gateway.config.media import MediaEndpoint, SpeechEndpoint, TranscriptionEndpoint
 from gateway.config.sections import ModelSettings
@@ -28,6 +26,7 @@ from gateway.media.sniff import Sniffed, sniff
 from gateway.media.vision import describe_image, model_sees_images
 from gateway.sim.model_media import opus_silence
 from gateway.sim.model_server import ScriptedModel, image_parts, text
+from tests.media_samples import pdf_with_text
 
 MODEL_KEY = "sk-model-key-0123456789"
 RED, BLUE = (255, 0, 0), (0, 0, 255)
@@ -235,48 +234,28 @@ def test_a_long_name_is_cut_keeping_its_extension_and_whole_characters() -> None
 # ------------------------------------------------------------------------------------------------ PDF
 
 
-def make_pdf(pages: list[str], user_password: str | None = None) -> bytes:
-    """A PDF with one line of text per page, written by pypdf; encrypted when ``user_password`` is given (the
-    owner's password is always another)."""
-    writer = PdfWriter()
-    font = DictionaryObject({NameObject("/Type"): NameObject("/Font"), NameObject("/Subtype"): NameObject("/Type1"),
-                             NameObject("/BaseFont"): NameObject("/Helvetica")})
-    for line in pages:
-        page = writer.add_blank_page(612, 792)
-        page[NameObject("/Resources")] = DictionaryObject(
-            {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})})
-        content = DecodedStreamObject()
-        content.set_data(f"BT /F1 12 Tf 72 720 Td ({line}) Tj ET".encode())
-        page.replace_contents(content)
-    if user_password is not None:
-        writer.encrypt(user_password=user_password, owner_password="owner-secret", algorithm="AES-128")
-    out = io.BytesIO()
-    writer.write(out)
-    return out.getvalue()
-
-
 def test_pdf_text_gives_each_page_after_its_marker() -> None:
-    pdf = pdf_text(make_pdf(["Hello first page", "The second one"]), 10)
+    pdf = pdf_text(pdf_with_text("Hello first page", "The second one"), 10)
     assert (pdf.pages_read, pdf.total_pages, pdf.truncated) == (2, 2, False)
     assert pdf.text == "--- page 1 of 2 ---\nHello first page\n\n--- page 2 of 2 ---\nThe second one"
 
 
 def test_pdf_text_stops_at_max_pages_and_says_so() -> None:
-    pdf = pdf_text(make_pdf([f"Words of page {n}" for n in range(1, 6)]), 2)
+    pdf = pdf_text(pdf_with_text(*(f"Words of page {n}" for n in range(1, 6))), 2)
     assert (pdf.pages_read, pdf.total_pages, pdf.truncated) == (2, 5, True)
     assert "Words of page 2" in pdf.text and "Words of page 3" not in pdf.text
     assert pdf.text.endswith("--- the last 3 of the 5 pages were not read (at most 2 are) ---")
 
 
 def test_a_pdf_restricted_by_its_owner_only_is_read() -> None:
-    pdf = pdf_text(make_pdf(["Printing is not allowed"], user_password=""), 10)
+    pdf = pdf_text(pdf_with_text("Printing is not allowed", user_password=""), 10)
     assert "Printing is not allowed" in pdf.text
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    (make_pdf(["top secret"], user_password="letmein"), "password-protected"),
+    (pdf_with_text("top secret", user_password="letmein"), "password-protected"),
     (b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 9 0 R >> garbage", "damaged"),
-    (make_pdf(["half a file"])[:200], "damaged"),
+    (pdf_with_text("half a file")[:200], "damaged"),
 ])
 def test_an_encrypted_or_broken_pdf_is_a_media_error(data: bytes, message: str) -> None:
     with pytest.raises(MediaError, match=message):
