@@ -9,9 +9,10 @@ length other than the one announced, and answers ``OK - <length>``. ``url_privat
 (``GET /files-pri/<team>-<file id>/[download/]<name>``) serve a file to the bot token with ``files:read``; any other
 request gets Slack's sign-in page with status 200, as Slack does.
 
-Drivers: ``user_file`` makes a file a user uploaded, to pass as ``files=`` to the message drivers of
-``SlackSimulator``. Readers: ``uploads``, ``downloads``, ``bot_files``. Faults: ``share_lag`` (Slack shares
-asynchronously: seconds before a share shows in files.info), ``fail_download_next``, ``stream_download_next``, and
+Drivers: ``user_file`` makes a file a user uploaded, and ``user_audio_clip`` an audio clip a user recorded in Slack
+(``subtype: slack_audio``), to pass as ``files=`` to the message drivers of ``SlackSimulator``. Readers: ``uploads``,
+``downloads``, ``bot_files``. Faults: ``share_lag`` (Slack shares asynchronously: seconds before a share shows in
+files.info), ``fail_download_next``, ``stream_download_next``, and
 ``server_error_next("files.completeUploadExternal", after_apply=True)`` for a completion whose answer is lost.
 """
 
@@ -28,7 +29,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-__all__ = ["FILE_SCOPES", "LOGIN_PAGE", "Download", "FilesMixin", "Share", "SimFile", "Upload"]
+__all__ = ["AUDIO_CLIP", "FILE_SCOPES", "LOGIN_PAGE", "Download", "FilesMixin", "Share", "SimFile", "Upload"]
 
 JSON = dict[str, Any]
 
@@ -42,6 +43,8 @@ FILES_PATH = "/files-pri/"
 LOGIN_PAGE = ("<!DOCTYPE html><html lang=\"en-US\"><head><title>Slack</title></head><body>"
               "<h1>Sign in to Sim Workspace</h1><form action=\"/signin\" method=\"post\"></form></body></html>")
 """What Slack serves a file download it does not authorize (status 200)."""
+AUDIO_CLIP = "slack_audio"
+"""The ``subtype`` of a file that is an audio clip recorded in Slack (shown as a player: ``media_display_type``)."""
 _STREAM_CHUNK = 64 * 1024
 _STREAM_CAP = 256 * 1024 * 1024  # an endless download stops here even if the client never hangs up
 
@@ -80,6 +83,8 @@ class SimFile:
     completed: bool = False
     check_file_info: bool = False
     """A user's file the events show by id only (``file_access: check_file_info``, as in Slack Connect)."""
+    subtype: str | None = None
+    """``AUDIO_CLIP`` for an audio clip recorded in Slack."""
     shares: list[Share] = field(default_factory=list)
 
     def to_json(self, origin: str, team_id: str) -> JSON:
@@ -87,7 +92,8 @@ class SimFile:
         name = quote(self.name)
         base = f"{origin}{FILES_PATH}{team_id}-{self.id}"
         ext = self.name.rsplit(".", 1)[-1].lower() if "." in self.name else "binary"
-        return {"id": self.id, "created": self.created, "timestamp": self.created, "name": self.name,
+        clip = {"subtype": self.subtype, "media_display_type": "audio"} if self.subtype == AUDIO_CLIP else {}
+        return {**clip, "id": self.id, "created": self.created, "timestamp": self.created, "name": self.name,
                 "title": self.title, "mimetype": self.mimetype, "filetype": ext, "pretty_type": ext.upper(),
                 "user": self.user, "user_team": team_id, "editable": False, "size": len(self.data or b""),
                 "mode": "hosted", "is_external": False, "external_type": "", "is_public": True,
@@ -182,6 +188,13 @@ class FilesMixin:
         file = SimFile(self._new_file_id(), name, name, mimetype, user, len(data), int(time.time()), data,
                        completed=True, check_file_info=check_file_info)
         self._files[file.id] = file
+        return file
+
+    def user_audio_clip(self, data: bytes, mimetype: str = "audio/ogg", name: str = "audio_message.ogg", *,
+                        user: str = "U0USER1") -> SimFile:
+        """An audio clip ``user`` recorded in Slack (``subtype: slack_audio``), to share with ``files=[...]``."""
+        file = self.user_file(name, data, mimetype, user=user)
+        file.subtype = AUDIO_CLIP
         return file
 
     def files_event_json(self, files: Sequence[SimFile], channel: str, ts: str, thread_ts: str | None) -> list[JSON]:
