@@ -520,9 +520,7 @@ class DiscordAdapter(FilesMixin, BasePlatformAdapter):
         attachments = tuple(
             Attachment(kind=_attachment_kind(a), file_id=str(a.id), name=a.filename, mime_type=a.content_type,
                        size=a.size, url=a.url) for a in message.attachments)
-        text = re.sub(rf"^\s*<@!?{me.id}>\s*", "", message.content)
-        if not text and attachments:
-            text = "[attachments: " + ", ".join(a.name or a.file_id for a in attachments) + "]"
+        text = re.sub(rf"^\s*<@!?{me.id}>\s*", "", message.content)  # attachments alone: "" (the run describes them)
         reference = message.reference.message_id if message.reference else None
         return MessageEvent(
             platform=self.name, event_id=str(message.id), chat_id=chat_id, chat_type=chat_type,

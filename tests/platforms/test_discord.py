@@ -466,7 +466,7 @@ async def test_events_are_normalized(sim: DiscordSimulator, connect: Any) -> Non
         "dm", str(sim.dm_channel_id()), str(ALICE_ID), dm["id"])
     assert [(a.kind, a.name, a.mime_type, a.size) for a in e_dm.attachments] == [
         ("document", "report.pdf", "application/pdf", 2048), ("photo", "cat.png", "image/png", 10)]
-    assert e_dm.text == "[attachments: report.pdf, cat.png]"
+    assert e_dm.text == "", "files alone carry no text: the run describes each to the model"
     assert (e_mention.chat_type, e_mention.chat_id, e_mention.thread_id, e_mention.text, e_mention.mentions_bot) == (
         "group", str(GENERAL_ID), None, "hi there", True)
     assert e_mention.user_name == "Bob" and e_mention.metadata == {"channel_id": str(GENERAL_ID),
