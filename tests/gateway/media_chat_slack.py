@@ -29,7 +29,7 @@ def shown_text(mrkdwn: str) -> str:
     return html.unescape(linked)
 
 
-class SlackChat:
+class SlackMediaChat:
     """The user's direct-message channel with the bot on the Slack simulator."""
 
     platform = "slack"
@@ -94,7 +94,7 @@ class SlackChat:
 
 
 @asynccontextmanager
-async def slack_chat(model: ScriptedModel, home: Path) -> AsyncIterator[SlackChat]:
+async def slack_chat(model: ScriptedModel, home: Path) -> AsyncIterator[SlackMediaChat]:
     """The user's direct messages with the bot on a Slack simulator started here."""
     async with SlackSimulator() as sim:
-        yield SlackChat(sim, model, home)
+        yield SlackMediaChat(sim, model, home)
