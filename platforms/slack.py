@@ -674,7 +674,8 @@ def _strip_mention(text: str, bot_user_id: str) -> str:
 
 def _attachment(file: Mapping[str, Any]) -> Attachment:
     mime = file.get("mimetype") or ""
-    kind: AttachmentKind = ("photo" if mime.startswith("image/") else "audio" if mime.startswith("audio/")
+    kind: AttachmentKind = ("voice" if file.get("subtype") == "slack_audio"  # a clip, whatever its container
+                            else "photo" if mime.startswith("image/") else "audio" if mime.startswith("audio/")
                             else "video" if mime.startswith("video/") else "file")
     return Attachment(kind=kind, file_id=file["id"], name=file.get("name"), mime_type=mime or None,
                       size=file.get("size"), url=file.get("url_private_download") or file.get("url_private"))

@@ -10,6 +10,7 @@ earlier attempt finished in that folder (a manifest written last marks a finishe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -180,6 +181,8 @@ class MediaPreparer:
         found = sniff(data, attachment.name, attachment.mime_type)
         if found.kind is None:
             raise MediaError(f"its type ({found.mime}) is not supported.")
+        if claimed == "audio" and found.kind == "video":  # voice clips come in MP4 or WebM (Slack's do)
+            found = dataclasses.replace(found, kind="audio")
         if claimed != "document" and found.kind != claimed:  # a document may be anything; a photo must be one
             raise MediaError(f"it was sent as {claimed} but its content is {found.mime}.")
         if found.kind != claimed and len(data) > (kind_limit := getattr(self.settings.max_bytes, found.kind)):
