@@ -500,3 +500,26 @@ async def test_a_failed_attempt_records_the_adapters_error(store: Store) -> None
     finally:
         await sender.stop()
     assert errors == ["RuntimeError: boom", "429 flood"]
+
+
+async def test_a_failure_the_adapter_gives_no_reason_for_is_recorded_as_retryable_or_final(store: Store) -> None:
+    """The outbox's last error (shown on the dashboard's run page) says whether a reasonless failure will be tried
+    again. Kills _send_one's ``"retryable failure"`` and ``"failed"`` texts mutated (``"XX..XX"``, upper case)."""
+    platform = _Platform(outcomes=[SendResult(success=False, retryable=True, retry_after=0.01),
+                                   SendResult(success=False, retryable=False)])
+    await store.enqueue([OutboxPart("a:0", "telegram", "1", "x")])
+    sender = OutboxSender(store, {"telegram": platform}, Metrics(), scan_interval=3600)
+    errors: list[str | None] = []
+
+    async def recorded() -> bool:
+        (row,) = await store.outbox_rows()
+        if row.attempts > len(errors) or (row.status == "failed" and len(errors) < 2):
+            errors.append(row.last_error)
+        return len(errors) == 2
+
+    sender.start()
+    try:
+        await _until(recorded, "a retry, then a final failure")
+    finally:
+        await sender.stop()
+    assert errors == ["retryable failure", "failed"]

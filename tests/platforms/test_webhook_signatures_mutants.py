@@ -139,3 +139,16 @@ def test_refusal_reasons_name_what_failed() -> None:
         verify("nope", [SECRET], BODY, headers)
     with pytest.raises(ValueError, match="'nope'"):
         sign("nope", SECRET, BODY)
+
+
+def test_an_unknown_scheme_in_the_config_is_told_with_the_ones_there_are() -> None:
+    """A ``webhooks.routes[].signature`` the gateway does not know fails its start with every scheme it does,
+    and a refusal reads as its reason wherever it is logged. Kills _unknown_scheme's ``'XX, XX'.join`` and
+    SignatureError's ``super().__init__(None)`` (the exception's text "None")."""
+    with pytest.raises(ValueError) as unknown:
+        verify("nope", [SECRET], BODY, {})
+    assert str(unknown.value) == ("unknown webhook signature scheme 'nope' (expected one of github, "
+                                  "standard-webhooks, hmac-sha256, hmac-sha256-v2, gitlab)")
+    headers = sign("hmac-sha256", SECRET, BODY, now=NOW, delivery_id="e-1")
+    refusal = _refusal(SignatureError, "hmac-sha256", {**headers, "X-Webhook-Timestamp": "9" * 5000})
+    assert str(refusal) == "timestamp in the future"

@@ -210,3 +210,17 @@ def test_truncation_boundaries() -> None:
     (a limit shorter than the marker keeping a character of the result)."""
     assert truncate_result("r" * 100, 100) == "r" * 100
     assert truncate_result("r" * 100, 10) == "\n[... truncated: showing 10 of 100 characters]"
+
+
+def test_why_a_tool_is_unavailable_is_said_in_words(reg: ToolRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hermes-gateway tools`` shows the operator why a tool is off, naming what to set.
+
+    Kills unavailable_reason's wording mutants: ``"not registered"``, ``"not configured or not reachable"``
+    (``"XX..XX"`` or upper case) and ``'XX, XX'.join`` of the missing variables."""
+    monkeypatch.delenv("HERMES_TEST_KEY_A", raising=False)
+    monkeypatch.delenv("HERMES_TEST_KEY_B", raising=False)
+    reg.register("keyed", "web", _schema("keyed"), _here, requires_env=("HERMES_TEST_KEY_A", "HERMES_TEST_KEY_B"))
+    reg.register("probed", "web", _schema("probed"), _here, check_fn=lambda: False)
+    assert reg.unavailable_reason("nowhere") == "not registered"
+    assert reg.unavailable_reason("keyed") == "needs HERMES_TEST_KEY_A, HERMES_TEST_KEY_B"
+    assert reg.unavailable_reason("probed") == "not configured or not reachable"

@@ -55,3 +55,57 @@ def test_an_allowlisted_network_may_be_written_with_host_bits() -> None:
     """Kills configure_url_safety's ``strict=True`` and ``strict`` left out (``10.1.2.3/8`` would be refused)."""
     configure_url_safety(["10.1.2.3/8"])
     assert resolve_safe("10.9.9.9", 80) == ["10.9.9.9"]
+
+
+# -- refusals in words: the model is told why a URL was refused, and says so to the user ------------------------
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("http://0.0.0.0/", "host 0.0.0.0 is not allowed: the unspecified address"),
+    ("http://127.0.0.1/", "host 127.0.0.1 is not allowed: loopback"),
+    ("http://127.1/", "host 127.1 (127.0.0.1) is not allowed: loopback"),
+    ("http://localhost:8080/", "host localhost (127.0.0.1) is not allowed: loopback"),
+    ("http://169.254.169.254/", "host 169.254.169.254 is not allowed: the cloud metadata endpoint (link-local)"),
+    ("http://169.254.1.1/", "host 169.254.1.1 is not allowed: link-local"),
+    ("http://224.0.0.1/", "host 224.0.0.1 is not allowed: multicast"),
+    ("http://100.64.0.1/", "host 100.64.0.1 is not allowed: carrier-grade NAT space (100.64.0.0/10)"),
+    ("http://10.1.2.3/", "host 10.1.2.3 is not allowed: private (RFC 1918)"),
+    ("http://[fc00:0::1]/", "host fc00:0::1 is not allowed: unique local (fc00::/7)"),
+    ("http://[fec0::1]/", "host fec0::1 is not allowed: site-local"),
+    ("http://[64:ff9b:1::1]/", "host 64:ff9b:1::1 is not allowed: local-use NAT64 (64:ff9b:1::/48)"),
+    ("http://240.0.0.1/", "host 240.0.0.1 is not allowed: reserved"),
+    ("http://192.0.2.1/", "host 192.0.2.1 is not allowed: not globally routable"),
+    ("ftp://example.com/", "scheme 'ftp' is not allowed (only http and https)"),
+    ("//example.com/x", "scheme '(none)' is not allowed (only http and https)"),
+    ("http://user:pw@example.com/", "credentials (user:password@) in URLs are not allowed"),
+    ("http:///path", "URL has no host"),
+])
+def test_a_refused_url_says_why_in_words(url: str, message: str) -> None:
+    """The refusal names the host as written (with the address it stands for when that differs, never for an
+    IPv6 literal) and the rule it breaks.
+
+    Kills _category's wording mutants (each reason's text, ``"XX..XX"`` or its case changed), check_url's
+    (the scheme's ``'(none)'``, the credentials and no-host messages) and resolve_safe's ``shown`` mutants
+    (``and False``, ``str(address) == host and ":" in host``, ``str(None)``, ``"XX:XX" in host``)."""
+    with pytest.raises(UnsafeURLError) as refused:
+        check_url(url)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(("host", "message"), [
+    ("fe80::zz", "invalid IPv6 address 'fe80::zz'"),
+    pytest.param("ü" * 70, f"invalid host name {'ü' * 70!r}", id="label-too-long"),
+])
+def test_a_host_that_is_not_one_says_so(host: str, message: str) -> None:
+    """Kills _normalize_host's ``UnsafeURLError(None)`` for an IPv6 literal that does not parse and for a name
+    IDNA cannot encode (a label over 63 characters): the refusal would read "None"."""
+    with pytest.raises(UnsafeURLError) as refused:
+        resolve_safe(host, 80)
+    assert str(refused.value) == message
+
+
+def test_a_name_that_resolves_to_nothing_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kills _getaddrinfo's ``UnsafeURLError(None)`` (a resolver answering with no address)."""
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: [])
+    with pytest.raises(UnsafeURLError) as refused:
+        resolve_safe("empty.example", 443)
+    assert str(refused.value) == "host empty.example resolves to no address"
