@@ -17,7 +17,7 @@ from gateway.sim.discord_api import ALICE_ID, AttachmentSpec, DiscordSimulator
 from gateway.sim.discord_files import CDN_ROUTE, voice_message
 from gateway.sim.model_server import ScriptedModel
 from platforms.base import AdapterState
-from tests.gateway.media_chats import TIMEOUT, SentFile, _config
+from tests.gateway.media_chats import TIMEOUT, SentFile, media_config
 
 JSON = dict[str, Any]
 QUOTE_MARKER = re.compile(r"^(?:>>>|>) ", re.MULTILINE)
@@ -36,7 +36,7 @@ class DiscordMediaChat:
 
     async def start(self, overrides: dict[str, Any] | None = None) -> Gateway:
         """See ``MediaChat``; returns once the Discord adapter is connected (the guilds known)."""
-        cfg = _config(self.home, self.model, {
+        cfg = media_config(self.home, self.model, {
             "platforms": {"discord": {"enabled": True, "token": self.sim.token, "api_base_url": self.sim.api_base_url,
                                       "guild_ready_timeout": 0.05}},
             "auth": {"platforms": {"discord": {"allowed_users": [str(ALICE_ID)]}}}}, overrides)

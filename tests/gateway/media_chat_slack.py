@@ -15,7 +15,7 @@ from gateway.app import Gateway
 from gateway.sim.model_server import ScriptedModel
 from gateway.sim.slack_api import DEFAULT_USER, Message, SlackSimulator
 from gateway.sim.slack_files import SimFile
-from tests.gateway.media_chats import TIMEOUT, SentFile, _config
+from tests.gateway.media_chats import TIMEOUT, SentFile, media_config
 
 SLASH_COMMAND = "/hermes"
 """The app's slash command (the adapter's default): ``/hermes voice on`` is the gateway's ``/voice on``."""
@@ -41,7 +41,7 @@ class SlackMediaChat:
 
     async def start(self, overrides: dict[str, Any] | None = None) -> Gateway:
         """See ``MediaChat``."""
-        cfg = _config(self.home, self.model, {
+        cfg = media_config(self.home, self.model, {
             "platforms": {"slack": {"enabled": True, "bot_token": self.sim.bot_token, "app_token": self.sim.app_token,
                                     "signing_secret": self.sim.signing_secret, "api_base_url": self.sim.base_url,
                                     "ping_interval": 0.2}},

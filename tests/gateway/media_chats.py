@@ -71,7 +71,8 @@ class MediaChat(Protocol):
         ...
 
 
-def _config(home: Path, model: ScriptedModel, platform: dict[str, Any], overrides: dict[str, Any] | None) -> Any:
+def media_config(home: Path, model: ScriptedModel, platform: dict[str, Any], overrides: dict[str, Any] | None) -> Any:
+    """The tests' base config on ``model`` with a platform's section, then the test's overrides."""
     raw = deep_merge(base_config(home, model.base_url or "", "http://127.0.0.1:9/results"), platform)
     return parse_config(deep_merge(raw, overrides or {}), env={"HERMES_GATEWAY_HOME": str(home)})
 
@@ -87,7 +88,7 @@ class TelegramMediaChat:
 
     async def start(self, overrides: dict[str, Any] | None = None) -> Gateway:
         """See ``MediaChat``."""
-        cfg = _config(self.home, self.model, {"platforms": {"telegram": {
+        cfg = media_config(self.home, self.model, {"platforms": {"telegram": {
             "enabled": True, "token": self.sim.token, "base_url": self.sim.base_url,
             "base_file_url": self.sim.base_file_url}}}, overrides)
         gateway = Gateway(cfg)
