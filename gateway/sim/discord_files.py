@@ -12,7 +12,6 @@ JSON create, each file at most the channel's upload limit (``default_upload_limi
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import hashlib
@@ -29,6 +28,8 @@ from typing import Any
 from urllib.parse import quote
 
 from aiohttp import BodyPartReader, hdrs, web
+
+from gateway.sim.downloads import Download, drop, stream
 
 __all__ = ["CDN_PATH", "CDN_ROUTE", "MAX_REQUEST_SIZE", "VOICE_MESSAGE_FLAG", "AttachmentSpec", "Download",
            "FilesMixin", "StoredFile", "UploadedPart", "read_body", "voice_message"]
@@ -48,7 +49,6 @@ VOICE_MESSAGE_FLAG = 1 << 13
 _OPUS_RATE = 48_000
 _WAVEFORM_SAMPLES_PER_SECOND = 10
 _MAX_WAVEFORM = 256
-_CHUNK = 64 * 1024
 _GONE = "This content is no longer available."
 
 
@@ -111,21 +111,6 @@ class UploadedPart:
     filename: str
     content_type: str
     data: bytes
-
-
-@dataclass(slots=True, eq=False)
-class Download:
-    """One request to the CDN: ``sent`` bytes of the ``size`` were written, ``complete`` if all; ``done`` once the
-    simulator finished with it (the client may have gone away)."""
-
-    path: str
-    headers: dict[str, str]
-    t: float
-    status: int | None = None
-    size: int = 0
-    sent: int = 0
-    complete: bool = False
-    done: bool = False
 
 
 async def read_body(request: web.Request) -> tuple[Any, tuple[UploadedPart, ...]]:
@@ -242,7 +227,7 @@ class FilesMixin:
     # ----------------------------------------------------------------- CDN
 
     async def _handle_cdn(self, request: web.Request) -> web.StreamResponse:
-        download = Download(request.path_qs, dict(request.headers), time.monotonic())
+        download = Download(request.path_qs, time.monotonic(), dict(request.headers))
         self._downloads.append(download)
         self._changed()
         try:
@@ -261,28 +246,9 @@ class FilesMixin:
             return web.Response(status=fault.status, body=json.dumps(fault.body).encode(),
                                 headers={"Content-Type": "application/json", **fault.headers})
         if fault is not None:  # a drop: the connection closes without an answer
-            if request.transport is not None:
-                request.transport.abort()
-            await asyncio.sleep(1)  # handler_cancellation ends the handler here
-            return web.Response(status=500)
+            return await drop(request)
         stored = self._signed_file(request)
         if stored is None:
             download.status = 404
             return web.Response(status=404, text=_GONE)
-        response = web.StreamResponse(headers={"Content-Type": stored.content_type})
-        if self.cdn_chunked:
-            response.enable_chunked_encoding()
-        else:
-            response.content_length = len(stored.data)
-        download.status, download.size = 200, len(stored.data)
-        await response.prepare(request)
-        try:
-            for start in range(0, len(stored.data), _CHUNK):
-                chunk = stored.data[start:start + _CHUNK]
-                await response.write(chunk)
-                download.sent += len(chunk)
-            await response.write_eof()
-        except ConnectionError:  # the client stopped reading and closed the connection
-            return response
-        download.complete = True
-        return response
+        return await stream(request, download, stored.data, stored.content_type, chunked=self.cdn_chunked)

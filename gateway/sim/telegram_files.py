@@ -15,7 +15,6 @@ Download faults: ``fail_next_download(status)``, ``drop_next_download()``.
 
 from __future__ import annotations
 
-import asyncio
 import mimetypes
 import time
 from collections import deque
@@ -25,6 +24,8 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from aiohttp import web
+
+from gateway.sim.downloads import Download, drop, stream
 
 if TYPE_CHECKING:
     from gateway.sim.telegram_api import Call, Origin, Sent
@@ -37,7 +38,6 @@ MediaKey = Literal["photo", "document", "voice", "audio"]
 MAX_CAPTION_LENGTH = 1024
 MB = 1_000_000
 FAKE_JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x00" * 32 + b"\xff\xd9"
-_CHUNK = 64 * 1024
 _FOLDERS: dict[str, str] = {"photo": "photos", "voice": "voice", "audio": "music"}  # else "documents"
 _DROP = 0  # a download fault that closes the connection instead of answering
 
@@ -61,20 +61,6 @@ class StoredFile:
     file_path: str
     data: bytes
     sized: bool = True
-
-
-@dataclass(slots=True, eq=False)
-class Download:
-    """One request to the file endpoint: ``sent`` bytes of the ``size`` were written, ``complete`` if all; ``done``
-    once the simulator finished with it (the client may have gone away)."""
-
-    path: str
-    t: float
-    status: int | None = None
-    size: int = 0
-    sent: int = 0
-    complete: bool = False
-    done: bool = False
 
 
 def _reason(status: int) -> str:
@@ -306,30 +292,12 @@ class FilesMixin:
             return self._json_response(401, {"ok": False, "error_code": 401, "description": "Unauthorized"})
         fault = self._download_faults.popleft() if self._download_faults else None
         if fault == _DROP:
-            if request.transport is not None:
-                request.transport.abort()
-            await asyncio.sleep(1)  # handler_cancellation ends the handler here
-            return web.Response(status=500)
+            return await drop(request)
         stored = self._files_by_path.get(download.path)
         status = fault or (200 if stored is not None else 404)
         if stored is None or status != 200:
             download.status = status
             return self._json_response(status, {"ok": False, "error_code": status, "description": _reason(status)})
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        if self.chunked_downloads:
-            response.enable_chunked_encoding()
-        else:
-            response.content_length = len(stored.data)
-        download.status, download.size = 200, len(stored.data)
-        await response.prepare(request)
-        try:
-            for start in range(0, len(stored.data), _CHUNK):
-                chunk = stored.data[start:start + _CHUNK]
-                await response.write(chunk)
-                download.sent += len(chunk)
-            await response.write_eof()
-        except ConnectionError:  # the client stopped reading and closed the connection
-            return response
-        download.complete = True
-        return response
+        return await stream(request, download, stored.data, "application/octet-stream",
+                            chunked=self.chunked_downloads)
 
