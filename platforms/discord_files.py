@@ -23,7 +23,7 @@ import yarl
 
 from platforms.base import Attachment, SendResult
 from platforms.discord_interactions import NETWORK_ERRORS
-from platforms.files import AttachmentTooLarge, AttachmentUnavailable, OutgoingFile, OutgoingKind
+from platforms.files import AttachmentTooLarge, AttachmentUnavailable, OutgoingFile, OutgoingKind, read_capped
 from platforms.rich_text import to_discord
 
 __all__ = ["DEFAULT_UPLOAD_LIMIT", "DISCORD_CDN_HOSTS", "AttachmentDownloader", "FilesMixin"]
@@ -32,7 +32,6 @@ DEFAULT_UPLOAD_LIMIT = discord.utils.DEFAULT_FILE_SIZE_LIMIT_BYTES
 """Discord's per-file upload limit without boosts (10 MiB since 2024; 8 MiB before 2023)."""
 DISCORD_CDN_HOSTS = frozenset({"cdn.discordapp.com", "media.discordapp.net"})
 _DISCORD_API_HOST = "discord.com"
-_CHUNK = 64 * 1024
 _CONNECT_TIMEOUT = 30.0
 _READ_TIMEOUT = 30.0  # between two chunks
 _DOWNLOAD_TIMEOUT = 600.0  # a whole download, however slowly it trickles in
@@ -81,15 +80,7 @@ class AttachmentDownloader:
                     gone = " (gone, or its link expired)" if response.status in (403, 404, 410) else ""
                     raise AttachmentUnavailable(f"{name}: Discord's CDN answered HTTP {response.status}{gone}",
                                                 retryable=retryable)
-                if response.content_length is not None and response.content_length > max_bytes:
-                    raise AttachmentTooLarge(f"{name} is {response.content_length} bytes, over the limit of "
-                                             f"{max_bytes}")
-                data = bytearray()
-                while chunk := await response.content.read(min(_CHUNK, max_bytes + 1 - len(data))):
-                    data += chunk
-                    if len(data) > max_bytes:
-                        raise AttachmentTooLarge(f"{name} is over the limit of {max_bytes} bytes")
-                return bytes(data)
+                return await read_capped(response, max_bytes, name)
         except NETWORK_ERRORS as exc:
             raise AttachmentUnavailable(f"{name}: the download failed ({exc!r})", retryable=True) from exc
 

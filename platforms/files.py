@@ -1,18 +1,23 @@
 """Files through the platform contract: fetching an incoming attachment, and the file a send carries.
 
-Stdlib only, like platforms/base.py. The gateway (gateway/media) decides what to fetch and what to send; an adapter
-only moves bytes with its platform's API and reports what went wrong in these exception types.
+Stdlib only at import, like platforms/base.py (``read_capped`` works on the aiohttp response it is given). The
+gateway (gateway/media) decides what to fetch and what to send; an adapter only moves bytes with its platform's API
+and reports what went wrong in these exception types.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
+
+if TYPE_CHECKING:
+    import aiohttp
 
 OutgoingKind = Literal["photo", "document", "voice", "audio"]
 """How a sent file is shown: an inline image, a file to download, a voice note (OGG/Opus), a playable audio file."""
 
 OUTGOING_KINDS = frozenset(get_args(OutgoingKind))
+READ_CHUNK = 64 * 1024
 
 
 class AttachmentError(Exception):
@@ -52,3 +57,17 @@ class OutgoingFile:
     def size(self) -> int:
         """Bytes of content."""
         return len(self.data)
+
+
+async def read_capped(response: aiohttp.ClientResponse, max_bytes: int, name: str) -> bytes:
+    """The body of an aiohttp download, refused with AttachmentTooLarge as soon as its Content-Length or the bytes
+    read pass ``max_bytes`` (at most ``max_bytes + 1`` are read)."""
+    too_large = AttachmentTooLarge(f"{name} is over the limit of {max_bytes} bytes")
+    if response.content_length is not None and response.content_length > max_bytes:
+        raise too_large
+    data = bytearray()
+    while chunk := await response.content.read(min(READ_CHUNK, max_bytes + 1 - len(data))):
+        data += chunk
+        if len(data) > max_bytes:
+            raise too_large
+    return bytes(data)

@@ -28,7 +28,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from yarl import URL
 
 from platforms.base import Attachment, PlatformState
-from platforms.files import AttachmentTooLarge, AttachmentUnavailable, OutgoingFile
+from platforms.files import AttachmentUnavailable, OutgoingFile, read_capped
 
 __all__ = ["UPLOAD_LIMIT", "UPLOAD_STATE_PREFIX", "download", "file_origins", "private_url", "upload"]
 
@@ -39,7 +39,6 @@ UPLOAD_LIMIT = 1024**3
 UPLOAD_STATE_PREFIX = "slack-upload:"
 """``PlatformState`` key prefix: ``slack-upload:<delivery id>`` holds the id of the file that delivery uploaded."""
 
-_CHUNK = 64 * 1024
 _TRANSFER_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=15.0, sock_read=60.0)
 _SHARE_POLL_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)
 _NO_ACCESS = "the bot token is invalid or lacks the files:read scope"
@@ -81,7 +80,7 @@ async def download(session: aiohttp.ClientSession, token: str, origins: frozense
     async with session.get(target, headers={"Authorization": f"Bearer {token}"}, allow_redirects=False,
                            timeout=_TRANSFER_TIMEOUT) as response:
         _check(response, attachment)
-        return await _read_capped(response, max_bytes)
+        return await read_capped(response, max_bytes, f"slack: {attachment.name or attachment.file_id}")
 
 
 def _check(response: aiohttp.ClientResponse, attachment: Attachment) -> None:
@@ -94,18 +93,6 @@ def _check(response: aiohttp.ClientResponse, attachment: Attachment) -> None:
                                     retryable=status >= 500 or status == 429)
     if response.content_type == "text/html" and attachment.mime_type != "text/html":
         raise AttachmentUnavailable(f"slack: Slack answered with its sign-in page instead of the file: {_NO_ACCESS}")
-
-
-async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
-    too_large = AttachmentTooLarge(f"slack: the file is over {max_bytes} bytes")
-    if response.content_length is not None and response.content_length > max_bytes:
-        raise too_large
-    data = bytearray()
-    while chunk := await response.content.read(min(_CHUNK, max_bytes + 1 - len(data))):
-        data += chunk
-        if len(data) > max_bytes:
-            raise too_large
-    return bytes(data)
 
 
 async def upload(client: AsyncWebClient, session: aiohttp.ClientSession, state: PlatformState | None, chat_id: str,
