@@ -1,12 +1,22 @@
 """Scheduler decisions that ``make mutate`` found unpinned: each test names the mutants of ``gateway/cron.py`` it
-kills. ``plan_fire`` and ``fire_event_id`` are pure: every clock is explicit."""
+kills. ``plan_fire`` and ``fire_event_id`` are pure: every clock is explicit. The service runs in this process
+against a SQLite store, its inbox the store's own (each fire accepted once by its dedupe key), its clock fixed
+years ahead of the real one so that APScheduler fires nothing by itself while a test runs."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gateway.cron import fire_event_id, plan_fire
+import pytest
+
+from gateway.config import parse_config
+from gateway.cron import CronService, fire_event_id, plan_fire
+from gateway.cron_store import CronStore
+from gateway.metrics import Metrics
+from gateway.store import Store
+from platforms.base import Accepted, MessageEvent
 from tools.cronjob_tools import CronJob, parse_schedule, resolve_timezone
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
@@ -75,3 +85,169 @@ def test_more_missed_times_than_enumerated_jump_past_now() -> None:
     assert plan.next_at == now + timedelta(seconds=1)
     later = plan_fire(job, now + timedelta(microseconds=500_000), 3600, 0.0)
     assert later.next_at == now + timedelta(seconds=1)
+
+
+# -- the service: catch-up at start, run requests, fires ---------------------------------------------------------
+
+LATER = datetime(2031, 1, 6, 0, 0, 0, tzinfo=UTC)  # 09:00 in Tokyo; years after the real clock
+
+
+class _Inbox:
+    """The router's part for cron events: each stored once under ``cron:<event id>``; a repeat is a duplicate."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.offered: list[str] = []
+        self.on_offer: dict[str, Any] = {}  # event id -> a coroutine function run as that event is offered
+
+    async def __call__(self, event: MessageEvent) -> Accepted:
+        self.offered.append(event.event_id)
+        if (hook := self.on_offer.get(event.event_id)) is not None:
+            await hook()
+        accepted = await self.store.accept(f"cron:{event.event_id}", "cron", "cron", f"cron:{event.chat_id}",
+                                           {"text": event.text})
+        return Accepted(accepted.run_id, accepted.duplicate)
+
+
+class _Cron:
+    """A CronService on a fixed clock, and what it offered and counted."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.jobs, self.inbox, self.metrics = store, CronStore(store), _Inbox(store), Metrics()
+        self.now = LATER
+        self.service = CronService(parse_config({}), store, self.inbox, None, {}, self.metrics,  # type: ignore[arg-type]
+                                   clock=lambda: self.now)
+
+    async def job(self, schedule: str, due: datetime, *, tz: str = "UTC", **fields: Any) -> CronJob:
+        job = CronJob(id="", owner="telegram:1", prompt="p", schedule=parse_schedule(schedule, resolve_timezone(tz),
+                                                                                     due - timedelta(days=1)),
+                      timezone=tz, origin_platform="telegram", origin_chat_id="100", **fields)
+        job.next_fire_at = due
+        return await self.jobs.create(job)
+
+    async def claimed_before_a_crash(self, job: CronJob) -> None:
+        """The fire of the job's due time accepted, the job not advanced (the gateway died in between)."""
+        assert job.next_fire_at is not None
+        await self.inbox(MessageEvent(platform="cron", event_id=fire_event_id(job.id, job.next_fire_at),
+                                      chat_id=job.id, chat_type="channel", user_id=job.owner, user_name=None,
+                                      text=job.prompt))
+        self.inbox.offered.clear()
+
+    def fires(self, trigger: str) -> float:
+        return self.metrics.registry.get_sample_value("hermes_cron_fires_total", {"trigger": trigger}) or 0.0
+
+
+@pytest.fixture
+async def cron(store: Store) -> AsyncIterator[_Cron]:
+    env = _Cron(store)
+    yield env
+    await env.service.stop()
+
+
+async def test_a_fire_claimed_before_a_crash_is_finished_at_start_and_not_run_again(cron: _Cron) -> None:
+    """A daily 09:00 Tokyo job whose fire was claimed, the gateway dying before it moved the job on: at start the
+    job is moved to the next 09:00 in Tokyo and counts the fire, which is offered again only as a duplicate (no
+    second run) and is no misfire.
+
+    Kills _catch_up's ``fire_claimed(None)`` and ``fire_event_id(None, ...)`` (the claim not found: the time
+    replayed as a misfire), ``trigger = None`` / ``trigger(None)`` (the next time in UTC), and the claimed fire's
+    ``_apply`` mutants: ``advanced = None``, ``_apply(None, ...)``, ``_apply(job, None, ...)``, arguments left
+    out, ``FirePlan(None, ...)`` (the fire not counted), ``FirePlan(due, None)`` / ``FirePlan(next)`` (the job
+    ended) and ``next_fire(None, ...)`` / ``next_fire(trigger, None)`` / arguments left out."""
+    job = await cron.job("0 9 * * *", LATER, tz="Asia/Tokyo")
+    await cron.claimed_before_a_crash(job)
+    cron.now = LATER + timedelta(minutes=30)
+    await cron.service.start()
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.state, stored.fires, stored.last_fire_at) == ("active", 1, LATER)
+    assert stored.next_fire_at == LATER + timedelta(days=1) and stored.last_misfire is None
+    assert cron.inbox.offered == [fire_event_id(job.id, LATER)]
+    assert cron.fires("scheduled") == cron.fires("catch_up") == 0
+
+
+async def test_after_finishing_a_claimed_fire_the_times_missed_since_are_caught_up(cron: _Cron) -> None:
+    """An hourly job claimed at T, the gateway back at T+2h+0.5s: the claimed fire is finished (T), then the two
+    times missed since go by the misfire policy: one run for the latest (T+2h), the other recorded as missed.
+
+    Kills _catch_up's condition mutants that stop after the claimed fire (``advanced is not None``,
+    ``state == "active"``, ``!= "XXactiveXX"`` / ``"ACTIVE"``, ``next_fire_at is not None``), ``job = None``,
+    the catch-up's trigger label (``None``, ``"XXcatch_upXX"``, ``"CATCH_UP"``) and its tolerance ``1.0``
+    (T+2h, half a second old at start, taken as on time: one missed time instead of two)."""
+    job = await cron.job("every 1h", LATER)
+    await cron.claimed_before_a_crash(job)
+    cron.now = LATER + timedelta(hours=2, milliseconds=500)
+    await cron.service.start()
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and stored.last_misfire is not None
+    assert (stored.fires, stored.last_fire_at, stored.next_fire_at) == (2, LATER + timedelta(hours=2),
+                                                                        LATER + timedelta(hours=3))
+    assert (stored.last_misfire["action"], stored.last_misfire["missed"]) == ("ran_once", 2)
+    assert cron.inbox.offered == [fire_event_id(job.id, LATER), fire_event_id(job.id, LATER + timedelta(hours=2))]
+    assert cron.fires("catch_up") == 1
+
+
+async def test_a_time_due_exactly_at_start_after_a_claimed_fire_is_fired_then(cron: _Cron) -> None:
+    """Claimed at T, back at exactly T+1h: the next time is due now and is fired at start, on time.
+
+    Kills _catch_up's ``advanced.next_fire_at >= now`` (a time due this very moment left to the scheduler)."""
+    job = await cron.job("every 1h", LATER)
+    await cron.claimed_before_a_crash(job)
+    cron.now = LATER + timedelta(hours=1)
+    await cron.service.start()
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and (stored.fires, stored.last_misfire) == (2, None)
+    assert cron.inbox.offered[-1] == fire_event_id(job.id, LATER + timedelta(hours=1))
+
+
+async def test_a_job_paused_while_its_claimed_fire_is_finished_is_not_caught_up(cron: _Cron) -> None:
+    """Claimed at T, back at T+2.5h; as the claimed fire is offered again the owner pauses the job (another
+    process): the missed times after it are not run.
+
+    Kills _catch_up's ``advanced is None and advanced.state != "active"`` and ``state != "active" and
+    next_fire_at is None`` (a paused job with a due time caught up, a run it was paused to stop)."""
+    job = await cron.job("every 1h", LATER)
+    await cron.claimed_before_a_crash(job)
+
+    async def pause() -> None:
+        await cron.jobs.pause(job.id, None)
+
+    cron.inbox.on_offer[fire_event_id(job.id, LATER)] = pause
+    cron.now = LATER + timedelta(hours=2, minutes=30)
+    await cron.service.start()
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and stored.state == "paused"
+    assert cron.inbox.offered == [fire_event_id(job.id, LATER)]
+
+
+async def test_a_requested_run_is_claimed_as_manual_and_the_request_forgotten(cron: _Cron) -> None:
+    """``hermes-gateway cron run`` leaves a request in the store; the scheduler's start fires it once, under the
+    manual run's own event id (never a scheduled fire's), counts it as manual and clears the request.
+
+    Kills _run_requested's trigger mutants (``None``, ``"XXmanualXX"``, ``"MANUAL"``: the scheduled fire's id)
+    and ``clear_run_request(None, ...)`` / ``(job.id, None)`` / arguments left out (the request left behind)."""
+    job = await cron.job("every 1h", LATER + timedelta(hours=1))
+    asked = LATER - timedelta(seconds=5)
+    await cron.jobs.request_run(job.id, None, asked)
+    await cron.service.start()
+    assert cron.inbox.offered == [fire_event_id(job.id, asked, manual=True)]
+    assert cron.fires("manual") == 1
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and stored.run_requested_at is None and stored.fires == 0
+
+
+async def test_a_fire_for_a_job_gone_or_paused_meanwhile_does_nothing(cron: _Cron) -> None:
+    """APScheduler may call a fire for a job removed or paused since it was scheduled: nothing is offered.
+
+    Kills _fire's ``job is None and job.state != "active"`` (a removed job's fire raising) and
+    ``job.state != "active" and job.next_fire_at is None`` (a paused job fired)."""
+    job = await cron.job("every 1h", LATER)
+    cron.now = LATER - timedelta(minutes=1)
+    await cron.service.start()
+    await cron.service.pause(job.id, None)
+    cron.now = LATER + timedelta(seconds=1)
+    await cron.service._fire(job.id)
+    await cron.service._fire("no-such-job")
+    assert cron.inbox.offered == []
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and (stored.fires, stored.next_fire_at) == (0, LATER)
