@@ -367,25 +367,34 @@ def match_triage(survivor: Survivor, entries: list[dict[str, Any]]) -> dict[str,
 
     wording = _only_wording(survivor)
     for entry in sorted(entries, key=specificity, reverse=True):
-        if entry.get("file") != survivor.file or not fnmatch.fnmatchcase(survivor.function,
-                                                                          entry.get("function", "*")):
-            continue
-        if "minus" in entry and normalize(entry["minus"]) != normalize(survivor.minus):
-            continue
-        if "plus" in entry and normalize(entry["plus"]) != normalize(survivor.plus):
-            continue
-        if "minus_has" in entry and " ".join(entry["minus_has"].split()) not in " ".join(normalize(survivor.minus)):
-            continue
-        if "plus_has" in entry and " ".join(entry["plus_has"].split()) not in " ".join(normalize(survivor.plus)):
-            continue
-        if entry.get("wording") and not wording:
-            continue
-        return {k: str(v) for k, v in entry.items() if k in ("class", "why", "test")}
+        if _matches(entry, survivor, wording):
+            return {k: str(v) for k, v in entry.items() if k in ("class", "why", "test")}
     raising = len(survivor.minus) == 1 and survivor.minus[0].strip().startswith("raise ")
     if raising and (wording or _message_dropped(survivor)):
         return {"class": "immaterial", "why": "an exception's message (by rule: only the text of the message "
                                               "in a raise statement changed, or None took its place)"}
     return {}
+
+
+def _matches(entry: dict[str, Any], survivor: Survivor, wording: bool) -> bool:
+    """Whether a triage entry describes this survivor (``wording``: only a string literal's text changed)."""
+    if entry.get("file") != survivor.file or not fnmatch.fnmatchcase(survivor.function, entry.get("function", "*")):
+        return False
+    if "minus" in entry and normalize(entry["minus"]) != normalize(survivor.minus):
+        return False
+    if "plus" in entry and normalize(entry["plus"]) != normalize(survivor.plus):
+        return False
+    if "minus_has" in entry and " ".join(entry["minus_has"].split()) not in " ".join(normalize(survivor.minus)):
+        return False
+    if "plus_has" in entry and " ".join(entry["plus_has"].split()) not in " ".join(normalize(survivor.plus)):
+        return False
+    return not entry.get("wording") or wording
+
+
+def unused_triage(survivors: list[Survivor]) -> list[dict[str, Any]]:
+    """Triage entries that describe none of ``survivors`` (their mutants killed since: to delete)."""
+    return [entry for entry in load_triage()
+            if not any(_matches(entry, s, _only_wording(s)) for s in survivors)]
 
 
 def _string_tokens(lines: list[str]) -> tuple[list[tuple[int, str]], list[str]] | None:
@@ -630,6 +639,9 @@ def report(modules: list[str], runs: dict[str, dict[str, Any]], previous: dict[s
         write_markdown(text)
     print(text)
     unclassified = sum(1 for s in survivors if not s.triage)
+    for entry in unused_triage(survivors):
+        print(f"triage entry matching no survivor: {entry.get('file')} {entry.get('function', '*')} "
+              f"{entry.get('minus_has') or entry.get('plus_has') or entry.get('plus') or entry.get('minus') or ''}")
     print(f"wrote {RESULTS_JSON.relative_to(ROOT)}" + (f" and {RESULTS_MD.relative_to(ROOT)}" if markdown_section
                                                          else "") + f"; {unclassified} not classified")
     return 0
@@ -655,8 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", nargs="+", choices=list(SCOPE), default=list(SCOPE),
                         help="source files to mutate (default: all of SCOPE)")
-    parser.add_argument("--max-children", type=int, default=3,
-                        help="mutants tested at a time (3 on 2 cores: the tests mostly wait on sockets and workers)")
+    parser.add_argument("--max-children", type=int, default=2,
+                        help="mutants tested at a time (2: one per core of a machine shared with other test runs)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from mutants/")
     parser.add_argument("--fresh", action="store_true",
                         help="start from an empty mutants/ (map every test to the functions it calls again)")

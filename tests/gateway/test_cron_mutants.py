@@ -97,11 +97,15 @@ class _Inbox:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.offered: list[str] = []
+        self.events: list[MessageEvent] = []
         self.on_offer: dict[str, Any] = {}  # event id -> a coroutine function run as that event is offered
 
+    @property
+    def offered(self) -> list[str]:
+        return [event.event_id for event in self.events]
+
     async def __call__(self, event: MessageEvent) -> Accepted:
-        self.offered.append(event.event_id)
+        self.events.append(event)
         if (hook := self.on_offer.get(event.event_id)) is not None:
             await hook()
         accepted = await self.store.accept(f"cron:{event.event_id}", "cron", "cron", f"cron:{event.chat_id}",
@@ -131,7 +135,7 @@ class _Cron:
         await self.inbox(MessageEvent(platform="cron", event_id=fire_event_id(job.id, job.next_fire_at),
                                       chat_id=job.id, chat_type="channel", user_id=job.owner, user_name=None,
                                       text=job.prompt))
-        self.inbox.offered.clear()
+        self.inbox.events.clear()
 
     def fires(self, trigger: str) -> float:
         return self.metrics.registry.get_sample_value("hermes_cron_fires_total", {"trigger": trigger}) or 0.0
@@ -251,3 +255,43 @@ async def test_a_fire_for_a_job_gone_or_paused_meanwhile_does_nothing(cron: _Cro
     assert cron.inbox.offered == []
     stored = await cron.jobs.get(job.id)
     assert stored is not None and (stored.fires, stored.next_fire_at) == (0, LATER)
+
+
+async def test_a_fire_offers_the_jobs_prompt_for_its_target_and_measures_its_lag(cron: _Cron) -> None:
+    """A scheduled fire 30 s late is one cron event: the job's prompt from its owner (the job's name as the user
+    name), its job, time and target (a topic of another chat) in the metadata; the 30 s go to the lag histogram,
+    and the next fire, exactly on time, adds none.
+
+    Kills _claim's event mutants (``chat_type``, ``user_name=None`` / ``job.name and None``, the metadata's keys
+    and values, ``target_thread_id`` left out), ``trigger != "scheduled"`` for the lag and its ``max(1.0, ...)``
+    / ``max(None, ...)`` / ``clock() + scheduled_for`` mutants."""
+    job = await cron.job("every 1h", LATER, name="daily digest", deliver="telegram:200:7")
+    cron.now = LATER - timedelta(minutes=1)
+    await cron.service.start()
+    cron.now = LATER + timedelta(seconds=30)
+    await cron.service._fire(job.id)
+    (event,) = cron.inbox.events
+    assert (event.platform, event.event_id, event.chat_id, event.chat_type) == (
+        "cron", fire_event_id(job.id, LATER), job.id, "channel")
+    assert (event.user_id, event.user_name, event.text) == ("telegram:1", "daily digest", "p")
+    assert event.metadata == {"job_id": job.id, "scheduled_for": "2031-01-06T00:00:00+00:00",
+                              "target_platform": "telegram", "target_chat_id": "200", "target_thread_id": "7"}
+    cron.now = LATER + timedelta(hours=1)  # the next one exactly on time: no lag
+    await cron.service._fire(job.id)
+    registry = cron.metrics.registry
+    assert registry.get_sample_value("hermes_cron_fire_lag_seconds_sum") == 30.0
+    assert registry.get_sample_value("hermes_cron_fire_lag_seconds_count") == 2.0
+    assert cron.fires("scheduled") == 2
+
+
+async def test_an_unnamed_job_fires_without_a_user_name_or_a_topic(cron: _Cron) -> None:
+    """Kills _claim's ``user_name=job.name or None`` mutants that give an empty name, and ``if target.thread_id``
+    inverted (a topic key for a chat without topics). A manual run is not a scheduled fire: no lag recorded."""
+    job = await cron.job("every 1h", LATER + timedelta(hours=1))
+    await cron.service.start()
+    await cron.service.run_now(job.id, None)
+    (event,) = cron.inbox.events
+    assert event.user_name is None and "target_thread_id" not in event.metadata
+    assert event.metadata["target_chat_id"] == "100"
+    assert cron.metrics.registry.get_sample_value("hermes_cron_fire_lag_seconds_count") == 0.0
+    assert cron.fires("manual") == 1
