@@ -15,7 +15,9 @@ from gateway.config import parse_config
 from gateway.cron import CronService, fire_event_id, plan_fire
 from gateway.cron_store import CronStore
 from gateway.metrics import Metrics
-from gateway.store import Store
+from gateway.outbox import OutboxSender
+from gateway.runs import RunJob
+from gateway.store import RunCompletion, Store
 from platforms.base import Accepted, MessageEvent
 from tools.cronjob_tools import CronJob, parse_schedule, resolve_timezone
 
@@ -119,8 +121,8 @@ class _Cron:
     def __init__(self, store: Store) -> None:
         self.store, self.jobs, self.inbox, self.metrics = store, CronStore(store), _Inbox(store), Metrics()
         self.now = LATER
-        self.service = CronService(parse_config({}), store, self.inbox, None, {}, self.metrics,  # type: ignore[arg-type]
-                                   clock=lambda: self.now)
+        self.service = CronService(parse_config({}), store, self.inbox, OutboxSender(store, {}, self.metrics), {},
+                                   self.metrics, clock=lambda: self.now)
 
     async def job(self, schedule: str, due: datetime, *, tz: str = "UTC", **fields: Any) -> CronJob:
         job = CronJob(id="", owner="telegram:1", prompt="p", schedule=parse_schedule(schedule, resolve_timezone(tz),
@@ -295,3 +297,88 @@ async def test_an_unnamed_job_fires_without_a_user_name_or_a_topic(cron: _Cron) 
     assert event.metadata["target_chat_id"] == "100"
     assert cron.metrics.registry.get_sample_value("hermes_cron_fire_lag_seconds_count") == 0.0
     assert cron.fires("manual") == 1
+
+
+
+def _run(job_id: str, run_id: str = "r1") -> RunJob:
+    event = MessageEvent(platform="cron", event_id=f"{job_id}:x", chat_id=job_id, chat_type="channel",
+                         user_id="telegram:1", user_name=None, text="p", metadata={"job_id": job_id})
+    return RunJob(inbox_id=1, run_id=run_id, kind="cron", source="cron", session_key=f"cron:{job_id}", event=event,
+                  toolsets=[], target=None, history=False)
+
+
+async def test_which_cron_answers_are_delivered(cron: _Cron) -> None:
+    """Failures are not sent to the chat, an ``on_change`` job's unchanged answer is not either; a job's last run
+    (done, or gone from the scheduler) is always reported.
+
+    Kills should_deliver's mutants: the ``job_id`` key, ``state == "done"`` and ``status != "completed"``
+    mutated, ``return True`` / ``False`` swapped, the ``on_change`` test (``or``, ``!=``, its wording)."""
+    always = await cron.job("every 1h", LATER + timedelta(hours=1))
+    on_change = await cron.job("every 1h", LATER + timedelta(hours=1), notify="on_change", last_result="same")
+    last = await cron.job("every 1h", LATER + timedelta(hours=1), state="done", fires=3)
+    await cron.service.start()
+
+    async def delivered(job_id: str, status: str, result: str | None = None) -> bool:
+        return await cron.service.should_deliver(_run(job_id), RunCompletion("r1", 1, status, result=result))
+
+    assert await delivered(always.id, "completed", "an answer")
+    assert not await delivered(always.id, "failed")
+    assert not await delivered(on_change.id, "completed", "same")
+    assert await delivered(on_change.id, "completed", "new")
+    assert not await delivered(on_change.id, "failed")
+    assert await delivered(last.id, "failed")
+    assert await delivered("gone", "failed")
+
+
+async def test_a_run_outcome_is_recorded_on_its_job(cron: _Cron) -> None:
+    """A delivered answer becomes the job's last result (what ``on_change`` compares); an answer not delivered
+    or a failure leaves it; failures are counted.
+
+    Kills run_finished's ``job_id`` key, ``result = done.result if delivered or ...`` / ``and ... != ...``,
+    ``record_run`` arguments (``None`` or left out) and ``status == "failed"`` for the failure counter."""
+    job = await cron.job("every 1h", LATER + timedelta(hours=1), notify="on_change")
+    await cron.service.start()
+    service = cron.service
+    await service.run_finished(_run(job.id, "r1"), RunCompletion("r1", 1, "completed", result="first"), True)
+    await service.run_finished(_run(job.id, "r2"), RunCompletion("r2", 1, "completed", result="muted"), False)
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and (stored.last_run_id, stored.last_status, stored.last_result) == (
+        "r2", "completed", "first")
+    await service.run_finished(_run(job.id, "r3"), RunCompletion("r3", 1, "failed", error="boom"), True)
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.last_status, stored.last_error, stored.last_result, stored.consecutive_failures) == (
+        "failed", "boom", "first", 1)
+    assert cron.metrics.registry.get_sample_value("hermes_cron_failures_total") == 1.0
+    assert not await service.should_deliver(_run(job.id), RunCompletion("r4", 1, "completed", result="first"))
+
+
+async def test_repeated_failures_pause_the_job_and_the_owner_is_told_why(cron: _Cron) -> None:
+    """The third failure in a row pauses the job; the owner's notice carries the last run's error (its answer,
+    when a failed run left one).
+
+    Kills run_finished's ``max_consecutive_failures`` argument mutated, ``if paused`` inverted and the notice's
+    reason (``done.result and done.error``, ``or ""`` dropped: "None" in the text)."""
+    job = await cron.job("every 1h", LATER + timedelta(hours=1), name="digest")
+    await cron.service.start()
+    for n in range(1, 3):
+        await cron.service.run_finished(_run(job.id, f"r{n}"), RunCompletion(f"r{n}", 1, "failed", error="boom"),
+                                        True)
+    assert (await cron.store.outbox_rows()) == []
+    await cron.service.run_finished(_run(job.id, "r3"), RunCompletion("r3", 1, "failed", error="quota exceeded"),
+                                    True)
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and stored.state == "paused"
+    (notice,) = await cron.store.outbox_rows()
+    assert (notice.platform, notice.chat_id) == ("telegram", "100")
+    assert "is paused" in notice.text and "Last error: quota exceeded\n" in notice.text
+
+
+async def test_the_last_run_of_a_finished_job_removes_it(cron: _Cron) -> None:
+    """A job that is done (its last fire claimed) is removed when that run finishes, whether the scheduler has it
+    cached or not. Kills run_finished's ``cached.state == "done"`` mutants and ``_delete_finished`` left out."""
+    done = await cron.job("every 1h", LATER + timedelta(hours=1), state="done", fires=1)
+    await cron.service.start()
+    await cron.service.run_finished(_run(done.id), RunCompletion("r1", 1, "completed", result="x"), True)
+    assert await cron.jobs.get(done.id) is None
+    assert cron.service._cache.get(done.id) is None
