@@ -1,17 +1,19 @@
-"""What the chaos test asserts: every input has exactly one completed run, every answer was delivered exactly
-once and in order, judged by the gateway's database (read after shutdown) and the simulators' own records."""
+"""What the chaos test asserts: every input has exactly one completed run (a photo or document it carries shown to the
+model), every answer (and the file it sends when asked for one) was delivered exactly once and in order, judged by
+the gateway's database (read after shutdown) and the simulators' own records."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.chaos.driver import PLATFORMS, Driver, Input
-from tests.chaos.world import TOKEN, World, reply_for
+from tests.chaos.driver import CHATS, PLATFORMS, Driver, Input
+from tests.chaos.world import TOKEN, World, caption_for, reply_for
 
 MAX_LISTED = 15  # offenders listed per kind; the count says how many there were
 
@@ -22,8 +24,14 @@ class Reply:
 
     platform: str
     chat: str
-    text: str
+    text: str  # or the caption of a file
     ident: str  # the platform's message id, or the callback's webhook-id
+    has_file: bool = False
+
+    @property
+    def part(self) -> str:
+        """Which part of an answer it shows: the text ("answer") or the file sent with it ("file")."""
+        return "file" if self.has_file else "answer"
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,6 +68,12 @@ class OutboxRow:
     attempts: int
     in_doubt: int
     lane: str  # parts of one lane go out in order: a chat, or (callbacks) one run's parts
+    file: str | None  # the name of the file it sends; None for text
+
+    @property
+    def part(self) -> str:
+        """``Reply.part`` of what it delivers."""
+        return "answer" if self.file is None else "file"
 
 
 @dataclass(slots=True)
@@ -77,8 +91,8 @@ def read_db(path: Path) -> Db:
         inbox = {r[1]: InboxRow(*r) for r in db.execute(
             "SELECT id, dedupe_key, session_key, status, run_id FROM inbox ORDER BY id")}
         runs = {r[0]: RunRow(*r) for r in db.execute("SELECT id, status, result, attempts FROM runs")}
-        outbox = [OutboxRow(*r) for r in db.execute(
-            "SELECT id, dedupe_key, run_id, platform, chat_id, status, attempts, in_doubt, lane FROM outbox "
+        outbox = [OutboxRow(*r[:-1], json.loads(r[-1])["name"] if r[-1] else None) for r in db.execute(
+            "SELECT id, dedupe_key, run_id, platform, chat_id, status, attempts, in_doubt, lane, file FROM outbox "
             "ORDER BY id")]
     return Db(inbox, runs, outbox)
 
@@ -93,14 +107,19 @@ def db_progress(path: Path) -> tuple[set[str], int, int, int]:
     return keys, busy, pending, sent
 
 
+_TELEGRAM_FILES = ("photo", "document", "voice", "audio")
+
+
 def delivered(world: World) -> list[Reply]:
-    """Every answer the platforms show, per chat in the order they appeared, and every callback delivery."""
+    """Every answer and file the platforms show, per chat in the order they appeared, and every callback
+    delivery."""
     tg, replies = world.telegram, []
-    for chat in sorted({s.chat_id for s in tg.sent_messages() if s.chat_id is not None}):
-        replies += [Reply("telegram", str(chat), m.get("text", ""), str(m["message_id"]))
+    for chat in sorted({s.chat_id for s in tg.sent_messages() + tg.sent_media() if s.chat_id is not None}):
+        replies += [Reply("telegram", str(chat), m.get("text", m.get("caption", "")), str(m["message_id"]),
+                          any(k in m for k in _TELEGRAM_FILES))
                     for m in tg.chat_history(chat) if m["from"]["id"] == tg.bot_id]
-    replies += [Reply("slack", m.channel, m.final_text, m.ts) for m in world.slack.messages()]
-    replies += [Reply("discord", str(m["channel_id"]), m["content"], str(m["id"]))
+    replies += [Reply("slack", m.channel, m.final_text, m.ts, bool(m.files)) for m in world.slack.messages()]
+    replies += [Reply("discord", str(m["channel_id"]), m["content"], str(m["id"]), bool(m["attachments"]))
                 for m in world.discord.bot_messages()]
     replies += [Reply("callback", d["target"], d["text"], d["webhook-id"]) for d in world.sink.received]
     return replies
@@ -111,7 +130,7 @@ class Verdict:
     """Offenders by kind (empty: the guarantees held)."""
 
     offenders: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    in_doubt_repeats: int = 0  # Telegram answers shown twice because their part was caught mid-send
+    in_doubt_repeats: int = 0  # Telegram answers (or files) shown twice because their part was caught mid-send
 
     def add(self, kind: str, line: str) -> None:
         self.offenders[kind].append(line)
@@ -127,11 +146,15 @@ class Verdict:
 
 
 def verify(inputs: Sequence[Input], db: Db, replies: Sequence[Reply], driver_problems: Iterable[str],
-           when: Callable[[float], str]) -> Verdict:
-    """Check the guarantees; see the module docstring. ``when`` places a send time in the gateway's lives."""
+           when: Callable[[float], str], media_seen: Mapping[str, set[str]]) -> Verdict:
+    """Check the guarantees; see the module docstring. ``when`` places a send time in the gateway's lives;
+    ``media_seen``: token -> the media its message showed the model."""
     v = Verdict()
     for problem in driver_problems:
         v.add("webhook answers a sender would reject", problem)
+    for inp in inputs:
+        if inp.media and inp.media not in media_seen.get(inp.token, set()):
+            v.add("media the model never saw", f"{inp.platform} chat {inp.reply_chat} {inp.token}: a {inp.media}")
     by_token = {i.token: i for i in inputs}
     run_of: dict[str, str] = {}  # token -> run id
     for inp in inputs:
@@ -162,61 +185,75 @@ def verify(inputs: Sequence[Input], db: Db, replies: Sequence[Reply], driver_pro
     token_of_run = {run: token for token, run in run_of.items()}
     for token, run_id in run_of.items():
         parts = parts_of.get(run_id, [])
-        if len(parts) != 1 or parts[0].status != "sent":
+        expected = ["answer", "file"] if by_token[token].wants_file else ["answer"]
+        if [p.part for p in parts] != expected or any(p.status != "sent" for p in parts):
             v.add("outbox parts not sent once", f"{token}: run {run_id} parts "
-                                                f"{[(p.id, p.status, p.attempts) for p in parts]}")
+                                                f"{[(p.id, p.part, p.status, p.attempts) for p in parts]}, "
+                                                f"expected {expected} sent")
     _check_replies(v, inputs, by_token, run_of, parts_of, replies)
     _check_order(v, inputs, db, token_of_run, replies)
     return v
 
 
+def _expected_text(inp: Input, part: str) -> str | None:
+    """What a reply showing ``part`` of ``inp``'s answer says; None if that answer has no such part."""
+    if part == "file":
+        return caption_for(inp.token) if inp.wants_file else None
+    return reply_for(inp.token)
+
+
 def _check_replies(v: Verdict, inputs: Sequence[Input], by_token: dict[str, Input], run_of: dict[str, str],
                    parts_of: dict[str, list[OutboxRow]], replies: Sequence[Reply]) -> None:
-    seen: dict[str, list[Reply]] = defaultdict(list)
+    seen: dict[tuple[str, str], list[Reply]] = defaultdict(list)  # (token, part) -> replies showing it
     for reply in replies:
         match = TOKEN.search(reply.text)
         inp = by_token.get(match.group(1)) if match else None
-        if inp is None or reply.text != reply_for(inp.token) or (reply.platform, reply.chat) != (
+        if inp is None or reply.text != _expected_text(inp, reply.part) or (reply.platform, reply.chat) != (
                 inp.reply_platform, inp.reply_chat):
-            v.add("unexpected replies", f"{reply.platform} chat {reply.chat} message {reply.ident}: {reply.text!r}")
+            v.add("unexpected replies", f"{reply.platform} chat {reply.chat} message {reply.ident}: {reply.text!r}"
+                                        + (" with a file" if reply.has_file else ""))
             continue
-        seen[inp.token].append(reply)
+        seen[(inp.token, reply.part)].append(reply)
     for inp in inputs:
         if inp.token not in run_of:
             continue  # reported as lost already
-        got = seen.get(inp.token, [])
         parts = parts_of.get(run_of[inp.token], [])
         if inp.reply_platform == "callback":
-            ids = Counter(r.ident for r in got)
+            ids = Counter(r.ident for r in seen.get((inp.token, "answer"), []))
             expected = {p.dedupe_key for p in parts}
             if set(ids) != expected:
                 v.add("callback deliveries with the wrong webhook-ids" if ids else "missing replies",
                       f"{inp.token}: webhook-ids {dict(ids)}, outbox delivery keys {sorted(expected)}")
             continue
-        if not got:
-            v.add("missing replies", f"{inp.platform} chat {inp.reply_chat} {inp.token}: outbox "
-                                     f"{[(p.id, p.status, p.attempts) for p in parts]}")
-        elif len(got) > 1:
-            in_doubt = [p.in_doubt for p in parts]
-            line = (f"{inp.platform} chat {inp.reply_chat} {inp.token}: {len(got)} messages "
-                    f"{[r.ident for r in got]}; outbox {[(p.id, p.status, p.attempts) for p in parts]} "
-                    f"in_doubt={in_doubt}")
-            if inp.platform == "telegram" and len(got) - 1 <= max(in_doubt, default=0):
-                v.in_doubt_repeats += len(got) - 1
-                continue  # sendMessage has no idempotency key: each send a kill cut short may have arrived
-            v.add("duplicate replies", line)
+        for part in ("answer", "file") if inp.wants_file else ("answer",):
+            _check_shown_once(v, inp, part, seen.get((inp.token, part), []), [p for p in parts if p.part == part])
 
 
-def _first_tokens(replies: Iterable[Reply]) -> list[str]:
-    tokens: list[str] = []
+def _check_shown_once(v: Verdict, inp: Input, part: str, got: list[Reply], rows: list[OutboxRow]) -> None:
+    """One part of an answer shows exactly once (on Telegram, once more for each time it was caught mid-send)."""
+    what = f"{inp.platform} chat {inp.reply_chat} {inp.token} ({part})"
+    outbox = [(p.id, p.status, p.attempts) for p in rows]
+    if not got:
+        v.add("missing replies", f"{what}: outbox {outbox}")
+    elif len(got) > 1:
+        in_doubt = [p.in_doubt for p in rows]
+        if inp.platform == "telegram" and len(got) - 1 <= max(in_doubt, default=0):
+            v.in_doubt_repeats += len(got) - 1
+            return  # the Bot API has no idempotency key: each send a kill cut short may have arrived
+        v.add("duplicate replies", f"{what}: {len(got)} messages {[r.ident for r in got]}; outbox {outbox} "
+                                   f"in_doubt={in_doubt}")
+
+
+def _first_parts(replies: Iterable[Reply]) -> list[tuple[str, str]]:
+    """(token, part) of each reply, in order, at its first showing."""
+    shown: dict[tuple[str, str], None] = {}
     for reply in replies:
-        match = TOKEN.search(reply.text)
-        if match and match.group(1) not in tokens:
-            tokens.append(match.group(1))
-    return tokens
+        if match := TOKEN.search(reply.text):
+            shown.setdefault((match.group(1), reply.part))
+    return list(shown)
 
 
-def _order(v: Verdict, kind: str, where: str, got: list[str], want: list[str]) -> None:
+def _order(v: Verdict, kind: str, where: str, got: Sequence[object], want: Sequence[object]) -> None:
     if got != want:
         at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
         v.add(kind, f"{where}: from position {at}: {got[at:at + 6]} but expected {want[at:at + 6]}")
@@ -233,9 +270,9 @@ def _check_order(v: Verdict, inputs: Sequence[Input], db: Db, token_of_run: dict
     for reply in replies:
         shown[(reply.platform, reply.chat)].append(reply)
     for lane, rows in lanes.items():
-        want = [token_of_run[r.run_id or ""] for r in rows]
+        want = [(token_of_run[r.run_id or ""], r.part) for r in rows]
         wanted = set(want)
-        got = [t for t in _first_tokens(shown.get((rows[0].platform, rows[0].chat_id), [])) if t in wanted]
+        got = [p for p in _first_parts(shown.get((rows[0].platform, rows[0].chat_id), [])) if p in wanted]
         _order(v, "chats answered out of outbox order", f"lane {lane}", got, want)
     # 2. a session's answers follow the order its messages were accepted in (one run at a time, in order).
     # Telegram and Discord hand a chat's messages over one after another; Slack delivers events (and its
@@ -273,10 +310,15 @@ def figures(world: World, driver: Driver, db: Db, replies: Sequence[Reply], verd
     slack_mine = {i.dedupe_key.split(":", 1)[1] for i in driver.inputs if i.platform == "slack"}
     slack_attempts = sum(d.attempts - 1 for d in world.slack.deliveries if d.event_id in slack_mine)
     shown = Counter(r.platform for r in replies)
+    files_shown = Counter(r.platform for r in replies if r.has_file)
+    media = Counter(i.media for i in driver.inputs if i.media)
+    seen = Counter(i.media for i in driver.inputs if i.media in world.acks.media_seen.get(i.token, set()))
     webhook_ids = Counter(r.ident for r in replies if r.platform == "callback")
     completed = sum(r.status == "completed" for r in db.runs.values())
     return [
-        "inputs sent: " + ", ".join(f"{p} {sent[p]}" for p in PLATFORMS) + f" (total {len(driver.inputs)})",
+        "inputs sent: " + ", ".join(f"{p} {sent[p]}" for p in PLATFORMS) + f" (total {len(driver.inputs)}); "
+        f"with media {media.total()} (photos {media['photo']}, documents {media['document']}; the model saw "
+        f"{seen['photo']} and {seen['document']}), asking for a file {sum(i.wants_file for i in driver.inputs)}",
         f"offered again: telegram updates re-offered {sum(n > 1 for n in seen_updates.values())}; "
         f"slack event retries {slack_attempts} ({offered.slack_retries} on purpose); "
         f"discord RESUMEs {len(world.discord.resumes)} (op 7 on purpose {offered.discord_reconnects}), "
@@ -285,9 +327,10 @@ def figures(world: World, driver: Driver, db: Db, replies: Sequence[Reply], verd
         f"webhook redeliveries {offered.webhook_repeats} on purpose, {offered.webhook_retries} after no 2xx",
         f"runs: {len(db.runs)} ({completed} completed, {sum(r.attempts > 1 for r in db.runs.values())} redone "
         f"after a kill)",
-        "replies delivered: " + ", ".join(f"{p} {shown[p]}" for p in ("telegram", "slack", "discord"))
+        "replies delivered: " + ", ".join(f"{p} {shown[p]} ({files_shown[p]} files)" for p in CHATS)
         + f", callback {len(webhook_ids)} distinct webhook-ids in {shown['callback']} deliveries "
         f"({shown['callback'] - len(webhook_ids)} repeats)",
-        f"in-doubt parts: {sum(p.in_doubt > 0 for p in db.outbox)}; "
-        f"telegram answers shown twice while in doubt: {verdict.in_doubt_repeats}",
+        f"in-doubt parts: {sum(p.in_doubt > 0 for p in db.outbox)} "
+        f"({sum(p.in_doubt > 0 and p.file is not None for p in db.outbox)} files); "
+        f"telegram answers and files shown twice while in doubt: {verdict.in_doubt_repeats}",
     ]

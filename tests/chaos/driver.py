@@ -1,5 +1,5 @@
-"""The chaos test's traffic: chat messages on Telegram, Slack and Discord and signed webhooks, with the retries
-and duplicates each platform really produces."""
+"""The chaos test's traffic: chat messages on Telegram, Slack and Discord (some with a photo or a document, some
+asking for a file back) and signed webhooks, with the retries and duplicates each platform really produces."""
 
 from __future__ import annotations
 
@@ -12,16 +12,41 @@ import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
 from gateway.sim.discord_api import GENERAL_ID
+from gateway.sim.discord_files import AttachmentSpec
 from gateway.sim.slack_api import Delivery
+from gateway.sim.telegram_api import Origin
 from platforms.webhook_signatures import sign, verify
-from tests.chaos.world import DISCORD_USERS, SLACK_USERS, TELEGRAM_USERS, WEBHOOK_ROUTES, World
+from tests.chaos.world import (
+    ASK_FOR_FILE,
+    DISCORD_USERS,
+    DOCUMENT,
+    DOCUMENT_NAME,
+    PHOTO,
+    SLACK_USERS,
+    TELEGRAM_USERS,
+    WEBHOOK_ROUTES,
+    World,
+)
 
 PLATFORMS = ("telegram", "slack", "discord", "webhook")
+CHATS = ("telegram", "slack", "discord")
+MEDIA_SHARE = 0.15  # of chat messages: a photo or a document with the message as its caption
+FILE_SHARE = 0.1  # of chat messages: ask for a file, which the answer sends
+
+
+class _Attached(NamedTuple):
+    data: bytes
+    name: str
+    mime: str
+
+
+_MEDIA = {"photo": _Attached(PHOTO, "photo.jpg", "image/jpeg"),
+          "document": _Attached(DOCUMENT, DOCUMENT_NAME, "application/pdf")}
 _PREFIX = {"telegram": "tg", "slack": "sl", "discord": "dc", "webhook": "wh"}
 _WEBHOOK_TIMEOUT = aiohttp.ClientTimeout(total=5)
 
@@ -38,6 +63,8 @@ class Input:
     reply_chat: str
     run_id: str | None = None  # webhooks: the run id the gateway answered with
     sent_at: float = field(default_factory=time.time)
+    media: str | None = None  # "photo" or "document": what the message carries
+    wants_file: bool = False  # the message asks for a file: its answer sends one
 
 
 @dataclass(slots=True)
@@ -64,26 +91,32 @@ class Driver:
         self._webhooks: list[tuple[Input, str, bytes, str]] = []  # accepted: input, route, body, delivery id
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def send(self, platform: str | None = None) -> Input:
-        """Send one new message on ``platform`` (random if None)."""
+    async def send(self, platform: str | None = None, *, wants_file: bool | None = None) -> Input:
+        """Send one new message on ``platform`` (random if None); a chat message carries a photo or a document,
+        and asks for a file back, at random unless ``wants_file`` says."""
         platform = platform or self.rng.choice(PLATFORMS)
         seq = next(self._seq)
         token = f"{_PREFIX[platform]}-{seq:05d}"
-        if platform == "telegram":
-            inp = self._telegram(seq, token)
-        elif platform == "slack":
-            inp = await self._slack_message(seq, token)
-        elif platform == "discord":
-            inp = self._discord(seq, token)
-        else:
+        if platform == "webhook":
             inp = self._webhook(seq, token)
+        else:
+            media = self.rng.choice(sorted(_MEDIA)) if self.rng.random() < MEDIA_SHARE else None
+            wants_file = self.rng.random() < FILE_SHARE if wants_file is None else wants_file
+            text = f"msg {token} {ASK_FOR_FILE}" if wants_file else f"msg {token}"
+            if platform == "telegram":
+                inp = self._telegram(seq, token, text, media)
+            elif platform == "slack":
+                inp = await self._slack_message(seq, token, text, media)
+            else:
+                inp = self._discord(seq, token, text, media)
+            inp.media, inp.wants_file = media, wants_file
         self.inputs.append(inp)
         return inp
 
-    async def burst(self, n: int, platform: str | None = None) -> None:
+    async def burst(self, n: int, platform: str | None = None, *, wants_file: bool | None = None) -> None:
         """``n`` messages at once."""
         for _ in range(n):
-            await self.send(platform)
+            await self.send(platform, wants_file=wants_file)
 
     async def warm_up(self) -> list[Input]:
         """One message in each Discord chat, so the gateway follows them (and backfills them after a restart),
@@ -92,7 +125,7 @@ class Driver:
         for user in DISCORD_USERS:
             for dm in (True, False):
                 seq = next(self._seq)
-                inputs.append(self._discord(seq, f"dc-{seq:05d}", user, dm))
+                inputs.append(self._discord(seq, f"dc-{seq:05d}", f"msg dc-{seq:05d}", None, user, dm))
         self.inputs.extend(inputs)
         for platform in ("telegram", "slack", "webhook"):
             inputs.append(await self.send(platform))
@@ -135,37 +168,47 @@ class Driver:
 
     # -- platforms ---------------------------------------------------------------------------------
 
-    def _telegram(self, seq: int, token: str) -> Input:
+    def _telegram(self, seq: int, token: str, text: str, media: str | None) -> Input:
         sim = self.world.telegram
         user = self.rng.choice(TELEGRAM_USERS)
-        who = {"user_id": user, "first_name": f"User{user}", "username": f"user{user}"}
+        who: Origin = {"user_id": user, "first_name": f"User{user}", "username": f"user{user}"}
         if self.rng.random() < 0.25:
-            update = sim.user_sends(f"@{sim.bot_user['username']} msg {token}", chat_type="group", **who)
+            text, who["chat_type"] = f"@{sim.bot_user['username']} {text}", "group"
+        attached = _MEDIA.get(media or "")
+        if attached is None:
+            update = sim.user_sends(text, **who)
+        elif media == "photo":
+            update = sim.user_sends_photo(attached.data, text, **who)
         else:
-            update = sim.user_sends(f"msg {token}", **who)
+            update = sim.user_sends_document(attached.data, attached.name, attached.mime, text, **who)
         chat = update["message"]["chat"]["id"]
         return Input(seq, "telegram", token, f"telegram:{update['update_id']}", "telegram", str(chat))
 
-    async def _slack_message(self, seq: int, token: str) -> Input:
+    async def _slack_message(self, seq: int, token: str, text: str, media: str | None) -> Input:
         sim = self.world.slack
         user = self.rng.choice(SLACK_USERS)
+        attached = _MEDIA.get(media or "")
+        files = [sim.user_file(attached.name, attached.data, attached.mime, user=user)] if attached else []
         if self.rng.random() < 0.25:
-            action = await sim.user_mentions_bot(f"msg {token}", user=user)  # answered in a thread of the channel
+            action = await sim.user_mentions_bot(text, user=user, files=files)  # answered in a thread of the channel
         else:
-            action = await sim.user_sends_dm(f"msg {token}", user=user)
+            action = await sim.user_sends_dm(text, user=user, files=files)
         delivery = action.delivery  # app_mention for a mention; the message event for it is not answered
         self._slack.append(delivery)
         assert action.message is not None
         return Input(seq, "slack", token, f"slack:{delivery.event_id}", "slack", action.message.channel)
 
-    def _discord(self, seq: int, token: str, user: int | None = None, dm: bool | None = None) -> Input:
+    def _discord(self, seq: int, token: str, text: str, media: str | None, user: int | None = None,
+                 dm: bool | None = None) -> Input:
         sim = self.world.discord
         user = user if user is not None else self.rng.choice(DISCORD_USERS)
         dm = dm if dm is not None else self.rng.random() >= 0.3
+        attached = _MEDIA.get(media or "")
+        files = [AttachmentSpec(attached.name, attached.mime, data=attached.data)] if attached else []
         if dm:
-            message = sim.user_sends_dm(f"msg {token}", user_id=user)
+            message = sim.user_sends_dm(text, user_id=user, attachments=files)
         else:
-            message = sim.user_sends(f"msg {token}", channel_id=GENERAL_ID, user_id=user, mention_bot=True)
+            message = sim.user_sends(text, channel_id=GENERAL_ID, user_id=user, mention_bot=True, attachments=files)
         return Input(seq, "discord", token, f"discord:{message['id']}", "discord", str(message["channel_id"]))
 
     def _webhook(self, seq: int, token: str) -> Input:

@@ -1,5 +1,7 @@
 """SIGKILL chaos: the gateway is killed at random moments under steady traffic on every platform and restarted;
-in the end every input has exactly one completed run and every answer was delivered exactly once, in order.
+in the end every input has exactly one completed run and every answer was delivered exactly once, in order. Some
+chat messages carry a photo or a document (fetched by the run), some ask for a file the answer sends (sent after its
+text like any part: exactly once, on Telegram at least once).
 
 `make chaos` runs the long version (``--chaos-kills 200``); ``--chaos-seed`` replays a schedule's choices
 (the timing of a loaded machine still varies).
@@ -26,11 +28,13 @@ from gateway.sim.model_server import ScriptedModel
 from gateway.sim.slack_api import SlackSimulator
 from gateway.sim.telegram_api import TelegramSimulator
 from tests.chaos.checks import db_progress, delivered, figures, read_db, verify
-from tests.chaos.driver import PLATFORMS, Driver, Input
+from tests.chaos.driver import CHATS, PLATFORMS, Driver, Input
 from tests.chaos.world import AckModel, World, reply_for
 from tests.gateway_process import GatewayProcess
 
 TRIGGER_TIMEOUT = 20.0  # a trigger that waits longer kills anyway (and is counted)
+_TELEGRAM_UPLOADS = ("sendPhoto", "sendDocument")
+_SLACK_UPLOAD = "files.completeUploadExternal"  # shares the uploaded file in the chat
 QUIET_FOR = 5.0  # the final wait ends early once nothing has moved for this long
 
 
@@ -72,11 +76,11 @@ class Chaos:
         self.timeouts: Counter[str] = Counter()
         self._triggers: dict[str, Callable[[GatewayProcess], Awaitable[None]]] = {
             "burst": self._burst, "slow-model": self._slow_model, "mid-send": self._mid_send,
-            "startup": self._startup}
+            "mid-upload": self._mid_upload, "startup": self._startup}
 
     async def kill_once(self, gateway: GatewayProcess) -> None:
         """Wait for a randomly chosen moment, then SIGKILL."""
-        mode = self.rng.choices(list(self._triggers), weights=(3, 2, 3, 2))[0]
+        mode = self.rng.choices(list(self._triggers), weights=(3, 2, 2, 1, 2))[0]
         self.modes[mode] += 1
         try:
             async with asyncio.timeout(TRIGGER_TIMEOUT):
@@ -106,12 +110,12 @@ class Chaos:
         await asyncio.sleep(self.rng.uniform(0, 0.5))
 
     async def _mid_send(self, gateway: GatewayProcess) -> None:
-        """The moment a platform took an answer: before the gateway may have recorded it as sent."""
+        """The moment a platform took an answer (or a file): before the gateway may have recorded it as sent."""
         await self._ready(gateway)
         w, platform = self.world, self.rng.choice(PLATFORMS)
         sends: Callable[[], int] = {
-            "telegram": lambda: len(w.telegram.calls_of("sendMessage")),
-            "slack": lambda: len(w.slack.calls_of("chat.postMessage")),
+            "telegram": lambda: sum(len(w.telegram.calls_of(m)) for m in ("sendMessage", *_TELEGRAM_UPLOADS)),
+            "slack": lambda: len(w.slack.calls_of("chat.postMessage")) + len(w.slack.calls_of(_SLACK_UPLOAD)),
             "discord": lambda: len(w.discord.calls_of("create_message")),
             "webhook": lambda: len(w.sink.received),
         }[platform]
@@ -123,6 +127,20 @@ class Chaos:
         else:
             sim = {"telegram": w.telegram, "slack": w.slack, "discord": w.discord}[platform]
             await sim.wait_for(lambda: sends() > before, timeout=TRIGGER_TIMEOUT)
+
+    async def _mid_upload(self, gateway: GatewayProcess) -> None:
+        """The moment a platform took a file an answer sends: before the gateway may have recorded it as sent."""
+        await self._ready(gateway)
+        w, platform = self.world, self.rng.choice(CHATS)
+        uploads: Callable[[], int] = {
+            "telegram": lambda: sum(len(w.telegram.calls_of(m)) for m in _TELEGRAM_UPLOADS),
+            "slack": lambda: len(w.slack.calls_of(_SLACK_UPLOAD)),
+            "discord": lambda: sum(bool(c.files) for c in w.discord.calls_of("create_message")),
+        }[platform]
+        before = uploads()
+        await self.driver.burst(2, platform, wants_file=True)
+        sim = {"telegram": w.telegram, "slack": w.slack, "discord": w.discord}[platform]
+        await sim.wait_for(lambda: uploads() > before, timeout=TRIGGER_TIMEOUT)
 
     async def _startup(self, gateway: GatewayProcess) -> None:
         """Soon after the startup line: backlogs are being taken in, unfinished runs resumed, Discord backfilled."""
@@ -193,7 +211,7 @@ async def test_sigkill_at_random_moments_loses_nothing_and_answers_once(
 
     db = await asyncio.to_thread(read_db, world.db_path)
     replies = delivered(world)
-    verdict = verify(driver.inputs, db, replies, driver.problems, world.when)
+    verdict = verify(driver.inputs, db, replies, driver.problems, world.when, world.acks.media_seen)
     for inp in unaccepted:
         verdict.add("webhooks never acknowledged", f"{inp.token} ({inp.dedupe_key})")
     if exit_code != 0:

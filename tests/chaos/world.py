@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ import yaml
 
 from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.discord_api import ALICE_ID, BOB_ID, DiscordSimulator
-from gateway.sim.model_server import ScriptedModel, Turn, last_user_text
+from gateway.sim.model_media import image_parts
+from gateway.sim.model_server import ScriptedModel, Turn, last_user_text, tool_call
 from gateway.sim.slack_api import SlackSimulator
 from gateway.sim.telegram_api import TelegramSimulator
 from tests.conftest import WEBHOOK_SECRET, base_config, deep_merge
 from tests.gateway_process import GatewayProcess
+from tests.media_samples import camera_jpeg, pdf_with_text, png_chart
 
 TOKEN = re.compile(r"\b((?:tg|sl|dc|wh)-\d{5})\b")
 TELEGRAM_USERS = (1001, 1002, 1003)
@@ -26,6 +29,13 @@ SLACK_USERS = ("U0USER1", "U0USER2", "U0USER3")
 DISCORD_USERS = (ALICE_ID, BOB_ID)
 STANDARD_SECRET = "whsec_" + "Y2hhb3MtdGVzdC1zdGFuZGFyZC13ZWJob29rcy1zZWNyZXQ="
 WEBHOOK_ROUTES = {"github": ("github", WEBHOOK_SECRET), "hooks": ("standard-webhooks", STANDARD_SECRET)}
+# What users attach (the gateway fetches, checks and prepares each: a real photo, a real PDF), and the workspace file
+# an answer sends back when the message asks for it.
+PHOTO = camera_jpeg(640, 480)
+DOCUMENT = pdf_with_text("Minutes of the chaos meeting.")
+DOCUMENT_NAME = "minutes.pdf"
+SENT_FILE = "chart.png"
+ASK_FOR_FILE = "and send the chart"
 
 
 def reply_for(token: str) -> str:
@@ -33,24 +43,39 @@ def reply_for(token: str) -> str:
     return f"ack {token}"
 
 
+def caption_for(token: str) -> str:
+    """The caption of the file the model sends with its answer to a message carrying ``token`` and ASK_FOR_FILE."""
+    return f"chart for {token}"
+
+
 class AckModel:
-    """Responder of the scripted model: ``ack <token>`` for the token in the user's message, slow on demand."""
+    """Responder of the scripted model: ``ack <token>`` for the token in the user's message, slow on demand; when
+    the message asks for the chart, ``send_file`` of it first (captioned with the token). Notes which media each
+    token's message showed it: an image part ("photo"), the document announced by its name ("document")."""
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
         self._slow = 0
         self._latency = (0.0, 0.0)
+        self.media_seen: dict[str, set[str]] = defaultdict(set)
 
     def slow(self, n: int, low: float, high: float) -> None:
         """Answer the next ``n`` requests after a random latency in ``[low, high]`` seconds."""
         self._slow, self._latency = n, (low, high)
 
     def __call__(self, request: dict[str, Any]) -> Turn:
-        match = TOKEN.search(last_user_text(request))
+        asked = last_user_text(request)
+        match = TOKEN.search(asked)
+        if match and image_parts(request):
+            self.media_seen[match.group(1)].add("photo")
+        if match and DOCUMENT_NAME in asked:
+            self.media_seen[match.group(1)].add("document")
         latency = None
         if self._slow > 0:
             self._slow -= 1
             latency = self._rng.uniform(*self._latency)
+        if match and ASK_FOR_FILE in asked and request["messages"][-1]["role"] == "user":
+            return tool_call("send_file", {"path": SENT_FILE, "caption": caption_for(match.group(1))}, latency=latency)
         return Turn(content=reply_for(match.group(1)) if match else "no token in this message", latency=latency)
 
 
@@ -93,12 +118,16 @@ class World:
         return self.processes[-1] if self.processes else None
 
     def write_config(self) -> None:
-        """The gateway's config: every platform on its simulator, limits out of the way of the traffic."""
+        """The gateway's config: every platform on its simulator, limits out of the way of the traffic; and the
+        workspace with the file answers send."""
+        workspace = self.home / "workspace"
+        workspace.mkdir(exist_ok=True)
+        (workspace / SENT_FILE).write_bytes(png_chart())
         routes = {name: {"secret": secret, "scheme": scheme, "prompt": "Deliver {payload.token}",
                          "deliver_to": "callback:sink", "rate_limit_per_minute": 100_000, "max_concurrency": 8}
                   for name, (scheme, secret) in WEBHOOK_ROUTES.items()}
         overrides: dict[str, Any] = {
-            "model": {"timeout": 30},
+            "model": {"timeout": 30, "vision": True},  # photos reach the model as image parts
             # Kills here hit innocent runs at random, and every input must still complete: no poison-run cap.
             "gateway": {"drain_timeout": 2, "max_run_attempts": 1_000_000},
             "limits": {"user_messages_per_minute": 100_000, "user_burst": 100_000},
