@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -29,7 +30,7 @@ from urllib.parse import quote
 
 from aiohttp import BodyPartReader, hdrs, web
 
-from gateway.sim.downloads import Download, drop, stream
+from gateway.sim.downloads import Download, drop, recorded, stream
 
 __all__ = ["CDN_PATH", "CDN_ROUTE", "MAX_REQUEST_SIZE", "VOICE_MESSAGE_FLAG", "AttachmentSpec", "Download",
            "FilesMixin", "StoredFile", "UploadedPart", "read_body", "voice_message"]
@@ -228,13 +229,7 @@ class FilesMixin:
 
     async def _handle_cdn(self, request: web.Request) -> web.StreamResponse:
         download = Download(request.path_qs, time.monotonic(), dict(request.headers))
-        self._downloads.append(download)
-        self._changed()
-        try:
-            return await self._serve(request, download)
-        finally:
-            download.done = True
-            self._changed()
+        return await recorded(self._downloads, download, self._changed, functools.partial(self._serve, request))
 
     async def _serve(self, request: web.Request, download: Download) -> web.StreamResponse:
         if self.redirect_downloads_to is not None:

@@ -4,6 +4,7 @@ went out, whether the client read it all), and a connection dropped on demand.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -25,6 +26,18 @@ class Download:
     sent: int = 0
     complete: bool = False
     done: bool = False
+
+
+async def recorded(downloads: list[Download], download: Download, changed: Callable[[], None],
+                   serve: Callable[[Download], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Serve a download kept in ``downloads`` (``changed`` told when it starts and when it is done)."""
+    downloads.append(download)
+    changed()
+    try:
+        return await serve(download)
+    finally:
+        download.done = True
+        changed()
 
 
 async def drop(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ Download faults: ``fail_next_download(status)``, ``drop_next_download()``.
 
 from __future__ import annotations
 
+import functools
 import mimetypes
 import time
 from collections import deque
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from aiohttp import web
 
-from gateway.sim.downloads import Download, drop, stream
+from gateway.sim.downloads import Download, drop, recorded, stream
 
 if TYPE_CHECKING:
     from gateway.sim.telegram_api import Call, Origin, Sent
@@ -278,13 +279,7 @@ class FilesMixin:
 
     async def _handle_file(self, request: web.Request) -> web.StreamResponse:
         download = Download(request.match_info["path"], time.monotonic())
-        self._downloads.append(download)
-        self._changed()
-        try:
-            return await self._serve(request, download)
-        finally:
-            download.done = True
-            self._changed()
+        return await recorded(self._downloads, download, self._changed, functools.partial(self._serve, request))
 
     async def _serve(self, request: web.Request, download: Download) -> web.StreamResponse:
         if request.match_info["token"] != self.token:
