@@ -7,9 +7,8 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from discord.gateway import DiscordWebSocket
-from discord.http import Route
 
+import tests.platforms.test_discord as discord_suite
 from gateway.sim.discord_api import ALICE_ID, GENERAL_ID, GUILD_ID, AttachmentSpec, DiscordSimulator
 from gateway.sim.discord_files import CDN_ROUTE, VOICE_MESSAGE_FLAG, voice_message
 from gateway.sim.model_media import opus_silence
@@ -24,17 +23,8 @@ PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 TABLE = "| a | b |\n|---|---|\n| 1 | 2 |"  # Markdown that Discord gets as a code block
 
 
-@pytest.fixture(autouse=True)
-def _discord_endpoints(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The adapter sets discord.py's process-wide URLs; whatever happens, put them back after each test."""
-    monkeypatch.setattr(Route, "BASE", Route.BASE)
-    monkeypatch.setattr(DiscordWebSocket, "DEFAULT_GATEWAY", DiscordWebSocket.DEFAULT_GATEWAY)
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[DiscordSimulator]:
-    async with DiscordSimulator(heartbeat_interval=500) as s:
-        yield s
+# the Discord fixtures of test_discord.py
+sim, _discord_endpoints = discord_suite.sim, discord_suite._discord_endpoints
 
 
 class _Inbox:
