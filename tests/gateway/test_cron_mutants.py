@@ -89,6 +89,17 @@ def test_more_missed_times_than_enumerated_jump_past_now() -> None:
     assert later.next_at == now + timedelta(seconds=1)
 
 
+def test_a_time_due_exactly_now_after_the_enumerated_ones_is_jumped_past_too() -> None:
+    """10,000 missed times of a 1 s job and the next one exactly now: the jump goes past now, as for any later now.
+
+    Kills plan_fire's ``moment < now`` for the jump (the next time left at now)."""
+    job = _job("every 1s", misfire="skip")
+    now = T0 + timedelta(seconds=10_000)
+    plan = plan_fire(job, now, 3600, 0.0)
+    assert plan.misfire is not None and plan.misfire["missed"] == 10_000
+    assert plan.next_at == now + timedelta(seconds=1)
+
+
 # -- the service: catch-up at start, run requests, fires ---------------------------------------------------------
 
 LATER = datetime(2031, 1, 6, 0, 0, 0, tzinfo=UTC)  # 09:00 in Tokyo; years after the real clock
@@ -287,12 +298,14 @@ async def test_a_fire_offers_the_jobs_prompt_for_its_target_and_measures_its_lag
 
 
 async def test_an_unnamed_job_fires_without_a_user_name_or_a_topic(cron: _Cron) -> None:
-    """Kills _claim's ``user_name=job.name or None`` mutants that give an empty name, and ``if target.thread_id``
-    inverted (a topic key for a chat without topics). A manual run is not a scheduled fire: no lag recorded."""
+    """Kills _claim's ``user_name=job.name or None`` mutants that give an empty name, ``if target.thread_id``
+    inverted (a topic key for a chat without topics) and ``fire_event_id(..., None)`` / ``trigger == "MANUAL"``
+    (a manual run under the scheduled fire's id). A manual run is not a scheduled fire: no lag recorded."""
     job = await cron.job("every 1h", LATER + timedelta(hours=1))
     await cron.service.start()
     await cron.service.run_now(job.id, None)
     (event,) = cron.inbox.events
+    assert event.event_id == fire_event_id(job.id, LATER, manual=True)
     assert event.user_name is None and "target_thread_id" not in event.metadata
     assert event.metadata["target_chat_id"] == "100"
     assert cron.metrics.registry.get_sample_value("hermes_cron_fire_lag_seconds_count") == 0.0
@@ -357,8 +370,12 @@ async def test_repeated_failures_pause_the_job_and_the_owner_is_told_why(cron: _
     """The third failure in a row pauses the job; the owner's notice carries the last run's error (its answer,
     when a failed run left one).
 
-    Kills run_finished's ``max_consecutive_failures`` argument mutated, ``if paused`` inverted and the notice's
-    reason (``done.result and done.error``, ``or ""`` dropped: "None" in the text)."""
+    Resumed and paused again, the owner is told again (the notice is keyed by the run that paused the job); a
+    failure with no error and no answer says nothing after "Last error:".
+
+    Kills run_finished's ``max_consecutive_failures`` argument mutated, ``if paused`` inverted, the notice's run
+    id ``None`` (the second notice deduplicated away) and its reason (``done.result and done.error``,
+    ``done.error and ""``, ``or "XXXX"``)."""
     job = await cron.job("every 1h", LATER + timedelta(hours=1), name="digest")
     await cron.service.start()
     for n in range(1, 3):
@@ -372,6 +389,11 @@ async def test_repeated_failures_pause_the_job_and_the_owner_is_told_why(cron: _
     (notice,) = await cron.store.outbox_rows()
     assert (notice.platform, notice.chat_id) == ("telegram", "100")
     assert "is paused" in notice.text and "Last error: quota exceeded\n" in notice.text
+    await cron.service.resume(job.id, None)  # paused again later: told again
+    for n in range(4, 7):
+        await cron.service.run_finished(_run(job.id, f"r{n}"), RunCompletion(f"r{n}", 1, "failed"), True)
+    first, second = await cron.store.outbox_rows()
+    assert first.text == notice.text and "Last error: \nResume it" in second.text
 
 
 async def test_the_last_run_of_a_finished_job_removes_it(cron: _Cron) -> None:
@@ -382,3 +404,68 @@ async def test_the_last_run_of_a_finished_job_removes_it(cron: _Cron) -> None:
     await cron.service.run_finished(_run(done.id), RunCompletion("r1", 1, "completed", result="x"), True)
     assert await cron.jobs.get(done.id) is None
     assert cron.service._cache.get(done.id) is None
+
+
+
+async def test_a_fire_late_past_the_on_time_window_runs_once_within_the_grace(cron: _Cron) -> None:
+    """A fire that comes 10 min late (the host slept) is a misfire: run once, recorded, within the grace period.
+    After it the scheduler holds the job's next time, and a pause takes the job out of it.
+
+    Kills _fire's ``plan_fire(..., None, ...)`` (no grace: the fire fails), ``_firing.pop(None, None)`` (the job
+    left marked as firing: never rescheduled), ``pop(None)``, ``_cache.get(None)`` / ``is None`` /
+    ``_schedule(None)`` (not rescheduled after the fire) and _schedule's ``next_run_time != ...``."""
+    job = await cron.job("every 1h", LATER)
+    cron.now = LATER - timedelta(minutes=1)
+    await cron.service.start()
+    cron.now = LATER + timedelta(minutes=10)
+    await cron.service._fire(job.id)
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and stored.last_misfire is not None
+    assert (stored.fires, stored.last_misfire["action"]) == (1, "ran_once")
+    assert cron.inbox.offered == [fire_event_id(job.id, LATER)]
+    scheduled = cron.service._scheduler.get_job(job.id)
+    assert scheduled is not None and scheduled.next_run_time == LATER + timedelta(hours=1)
+    await cron.service.pause(job.id, None)
+    assert cron.service._scheduler.get_job(job.id) is None
+
+
+async def test_the_scheduler_holds_each_active_job_once_at_its_time_in_its_zone(cron: _Cron) -> None:
+    """Each active job is one APScheduler job under the job's id, at its stored next time, with the job's own
+    trigger in its zone; a late wake-up still fires it (misfires are plan_fire's to decide), once, never two at
+    a time. Paused and finished jobs are not scheduled.
+
+    Kills _schedule's ``add_job`` mutants (``trigger`` ``None`` / ``trigger(None)`` / left out, ``id=None``,
+    ``next_run_time`` left out, ``misfire_grace_time``, ``coalesce`` and ``max_instances`` changed or left out),
+    ``state != "active" and next_fire_at is None``, ``current = None`` / ``get_job(None)`` and ``current is None``
+    (a paused job left scheduled) and ``replace_existing`` ``False`` / ``None`` / left out (a rescheduled job
+    refused)."""
+    tokyo = await cron.job("0 9 * * *", LATER + timedelta(days=1), tz="Asia/Tokyo")
+    paused = await cron.job("every 1h", LATER + timedelta(hours=1))
+    await cron.jobs.pause(paused.id, None)
+    done = await cron.job("every 1h", LATER + timedelta(hours=1), state="done")
+    await cron.service.start()
+    scheduled = cron.service._scheduler.get_job(tokyo.id)
+    assert scheduled is not None and scheduled.args == (tokyo.id,)
+    assert scheduled.next_run_time == LATER + timedelta(days=1)
+    assert str(scheduled.trigger.timezone) == "Asia/Tokyo"
+    assert (scheduled.misfire_grace_time, scheduled.coalesce, scheduled.max_instances) == (None, True, 1)
+    assert cron.service._scheduler.get_job(paused.id) is None and cron.service._scheduler.get_job(done.id) is None
+    resumed = await cron.service.resume(paused.id, None)
+    assert resumed is not None and cron.service._scheduler.get_job(paused.id) is not None
+    cron.now = LATER + timedelta(days=1)
+    await cron.service._fire(tokyo.id)  # moves the job on: rescheduled under the same id
+    scheduled = cron.service._scheduler.get_job(tokyo.id)
+    assert scheduled is not None and scheduled.next_run_time == LATER + timedelta(days=2)
+    await cron.service.pause(tokyo.id, None)
+    assert cron.service._scheduler.get_job(tokyo.id) is None
+
+
+async def test_a_job_finished_elsewhere_is_removed_when_its_run_ends(cron: _Cron) -> None:
+    """The scheduler's copy still says active, the store says done (its last fire claimed by another replica):
+    the run's end removes the job. Kills run_finished's ``cron_job.state == "XXdoneXX"`` / ``"DONE"`` and
+    ``_delete_finished(None)``."""
+    job = await cron.job("every 1h", LATER + timedelta(hours=1))
+    await cron.service.start()
+    assert await cron.jobs.advance(job, None, LATER + timedelta(hours=1), None) is not None  # its last fire
+    await cron.service.run_finished(_run(job.id), RunCompletion("r1", 1, "completed", result="x"), True)
+    assert await cron.jobs.get(job.id) is None
