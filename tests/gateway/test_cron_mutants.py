@@ -5,6 +5,7 @@ years ahead of the real one so that APScheduler fires nothing by itself while a 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -469,3 +470,30 @@ async def test_a_job_finished_elsewhere_is_removed_when_its_run_ends(cron: _Cron
     assert await cron.jobs.advance(job, None, LATER + timedelta(hours=1), None) is not None  # its last fire
     await cron.service.run_finished(_run(job.id), RunCompletion("r1", 1, "completed", result="x"), True)
     assert await cron.jobs.get(job.id) is None
+
+
+async def test_stop_lets_a_fire_in_flight_finish_its_bookkeeping(cron: _Cron) -> None:
+    """A fire held up in the inbox when the gateway stops: stop waits for it, and the job is moved on.
+
+    Kills _fire's ``_firing[job_id] = None`` (stop, handed no task to wait for, fails)."""
+    job = await cron.job("every 1h", LATER)
+    cron.now = LATER - timedelta(minutes=1)
+    await cron.service.start()
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        entered.set()
+        await release.wait()
+
+    cron.inbox.on_offer[fire_event_id(job.id, LATER)] = hold
+    cron.now = LATER
+    fire = asyncio.create_task(cron.service._fire(job.id))
+    await entered.wait()
+    stopping = asyncio.create_task(cron.service.stop())
+    await asyncio.sleep(0.1)
+    assert not stopping.done()
+    release.set()
+    await asyncio.wait_for(stopping, 5)
+    await fire
+    stored = await cron.jobs.get(job.id)
+    assert stored is not None and (stored.fires, stored.next_fire_at) == (1, LATER + timedelta(hours=1))
