@@ -3,6 +3,7 @@ Every test runs on SQLite and on PostgreSQL (the ``store_url`` fixture)."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from gateway.steering import Steered
 from gateway.store import (
     ChatMessage,
     Claim,
+    FilePart,
     NewRun,
     OutboxPart,
     Replay,
@@ -369,3 +371,28 @@ async def test_a_runs_usage_without_a_session_has_an_empty_session_key(store: St
     await store.finish_run(RunCompletion(run_id, inbox_id, "completed", usage=usage))
     keys = await store.db.read(lambda conn: conn.execute(sa.select(run_usage_t.c.session_key)).scalars().all())
     assert keys == [""]
+
+
+# -- found by the run of 2026-12-04 09:30 (file parts) ---------------------------------------------------------
+
+async def test_a_file_part_is_stored_with_its_bytes_once_and_read_back_described(store: Store) -> None:
+    """Two parts sending the same file (a photo to two chats) store its bytes once, under its sha256; a part read
+    back carries the file's description (kind, name, type, size, sha256) and the sender loads the bytes by the
+    sha256. Storing the same file again later is no error.
+
+    Kills _outbox_values' ``file`` / ``file_sha256`` keys mutated and ``if (p.file) and False`` (the part stored as
+    text only), and _store_parts' file mutants: ``files = None``, ``data is None``, the insert's table, key,
+    dialect and ``returning`` mutated or left out, ``conn.execute(None, ...)`` / ``(insert, None)`` and the rows'
+    keys mutated (the bytes not stored, or the insert failing)."""
+    data = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+    photo = FilePart("photo", "chart.png", "image/png", len(data), hashlib.sha256(data).hexdigest(), data)
+    stored = await store.enqueue([_part("f:0", file=photo), _part("f:1", chat_id="200", file=photo),
+                                  _part("t:0")])
+    assert [r.dedupe_key for r in stored] == ["f:0", "f:1", "t:0"]
+    rows = {r.dedupe_key: r for r in await store.outbox_rows()}
+    described = FilePart("photo", "chart.png", "image/png", len(data), photo.sha256)
+    assert rows["f:0"].file == described and rows["f:1"].file == described and rows["t:0"].file is None
+    assert await store.outbox_file(photo.sha256) == data
+    again = await store.enqueue([_part("f:2", file=photo)])
+    assert [r.dedupe_key for r in again] == ["f:2"]
+    assert await store.outbox_file(photo.sha256) == data
