@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/hermes-gateway demo
 
+# Tests run in one worker process per core (pytest-xdist), a test file per worker at a time.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -200,6 +200,20 @@ def report(request: pytest.FixtureRequest) -> Callable[[str], None]:
     return figures(request.config, section).append
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker: hand this worker's figures to the controller, which prints the summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["figures"] = session.config.stash.get(_FIGURES, {})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist's controller: a worker finished; keep its figures for the summary."""
+    for section, lines in node.workeroutput.get("figures", {}).items():
+        figures(node.config, section).extend(lines)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     for section, lines in config.stash.get(_FIGURES, {}).items():
         terminalreporter.write_sep("-", section)
