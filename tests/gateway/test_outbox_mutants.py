@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,8 +14,9 @@ import pytest
 
 from gateway.metrics import Metrics
 from gateway.outbox import _SKIP_SECONDS, OutboxSender
-from gateway.store import Claim, OutboxPart, OutboxRow, Store
+from gateway.store import Claim, FilePart, OutboxPart, OutboxRow, Store
 from platforms.base import AdapterState, BasePlatformAdapter, Choice, OnMessage, SendResult
+from platforms.files import OutgoingFile
 
 
 @dataclass
@@ -26,6 +28,7 @@ class _Recorded:
     metadata: dict[str, str]
     message_id: str | None = None
     choices: tuple[Choice, ...] = ()
+    file: OutgoingFile | None = None
 
 
 @dataclass
@@ -61,6 +64,11 @@ class _Platform(BasePlatformAdapter):
                            metadata: Mapping[str, str] | None = None) -> SendResult:
         self.calls.append(_Recorded("choices", chat_id, content, reply_to, dict(metadata or {}),
                                     choices=tuple(choices)))
+        return self._next()
+
+    async def send_file(self, chat_id: str, file: OutgoingFile, caption: str = "", reply_to: str | None = None,
+                        metadata: Mapping[str, str] | None = None) -> SendResult:
+        self.calls.append(_Recorded("file", chat_id, caption, reply_to, dict(metadata or {}), file=file))
         return self._next()
 
     def _next(self) -> SendResult:
@@ -523,3 +531,30 @@ async def test_a_failure_the_adapter_gives_no_reason_for_is_recorded_as_retryabl
     finally:
         await sender.stop()
     assert errors == ["retryable failure", "failed"]
+
+
+async def test_a_file_part_goes_out_through_send_file_with_its_bytes_and_caption(store: Store) -> None:
+    """Kills _attempt's file mutants: ``row.file is None`` (sent as text), ``outbox_file(None)`` / its bytes
+    ``None``, the OutgoingFile's fields (``None`` or swapped) and send_file's arguments (the chat, the caption,
+    ``reply_to`` or the delivery metadata ``None`` or left out)."""
+    data = b"%PDF-1.4 report"
+    report = FilePart("document", "report.pdf", "application/pdf", len(data), hashlib.sha256(data).hexdigest(), data)
+    platform = _Platform()
+    await _deliver(store, platform, [OutboxPart("f:0", "telegram", "100", "the report", reply_to="41",
+                                                run_id="r1", file=report)])
+    (call,) = platform.calls
+    assert (call.kind, call.chat_id, call.text, call.reply_to) == ("file", "100", "the report", "41")
+    assert call.file == OutgoingFile("document", "report.pdf", "application/pdf", data)
+    assert call.metadata["delivery_id"] == "f:0" and call.metadata["run_id"] == "r1"
+
+
+async def test_a_file_part_whose_bytes_are_gone_fails_saying_which(store: Store) -> None:
+    """Its bytes pruned from the store, a file part fails for good (no send), the reason naming the file.
+
+    Kills _attempt's ``data is not None`` and the error's ``success=True`` / wording / ``None`` mutants."""
+    gone = FilePart("photo", "chart.png", "image/png", 10, "0" * 64)  # no bytes stored under this sha256
+    platform = _Platform()
+    await _deliver(store, platform, [OutboxPart("g:0", "telegram", "100", "", file=gone)])
+    assert platform.calls == []
+    (row,) = await store.outbox_rows()
+    assert (row.status, row.last_error) == ("failed", "the bytes of chart.png are gone from the store")
