@@ -158,9 +158,22 @@ async def scratch_database(admin_url: str, prefix: str) -> AsyncIterator[str]:
     finally:
         admin = await asyncpg.connect(admin_url)
         try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await _drop_database(admin, name)
         finally:
             await admin.close()
+
+
+async def _drop_database(admin: asyncpg.Connection, name: str, tries: int = 50) -> None:
+    """DROP ... WITH (FORCE). It cannot end an autovacuum worker busy in the new database (a superuser's backend:
+    InsufficientPrivilegeError); such a worker is done within moments, so the drop is tried again."""
+    for attempt in range(tries):
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except asyncpg.exceptions.InsufficientPrivilegeError:
+            if attempt == tries - 1:
+                raise
+            await asyncio.sleep(0.1)
 
 
 # -- subprocesses -------------------------------------------------------------------------------------
