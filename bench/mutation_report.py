@@ -93,7 +93,8 @@ SCOPE: dict[str, Scope] = {
          "xǁCronServiceǁ_schedule", "xǁCronServiceǁ_delete_finished", "xǁCronServiceǁ_run_requested"),
         "the scheduler's decisions (when to fire, catch-up, claim, deliver, repeat); not job validation, "
         "the CRUD surface or start/stop"),
-    "tools/workspace.py": Scope(("tests/tools/test_workspace.py", "tests/tools/test_file_tools.py")),
+    "tools/workspace.py": Scope(("tests/tools/test_workspace.py", "tests/tools/test_file_tools.py",
+                                 "tests/tools/test_workspace_mutants.py")),
     "tools/url_safety.py": Scope(("tests/tools/test_url_safety.py", "tests/tools/test_web_tools.py",
                                    "tests/tools/test_url_safety_mutants.py")),
     "gateway/logs.py": Scope(
