@@ -27,6 +27,10 @@ _HERMES_CORE_TOOLS: tuple[str, ...] = (
     "cronjob",
     "send_file",
     "vision_analyze",
+    "delegate_task",
+    "execute_code",
+    "session_search",
+    "send_message",
 )
 
 PLATFORMS: tuple[str, ...] = ("telegram", "discord", "slack", "webhook")
@@ -57,9 +61,13 @@ TOOLSETS: dict[str, Toolset] = {
     "clarify": Toolset("Ask the user a question and wait for the answer.", ["clarify"]),
     "cronjob": Toolset("Schedule prompts to run later or repeatedly.", ["cronjob"]),
     "media": Toolset("Send workspace files to the chat and look at images.", ["send_file", "vision_analyze"]),
+    "delegation": Toolset("Hand sub-tasks to child agents with their own toolsets.", ["delegate_task"]),
+    "code_execution": Toolset("Run Python in the sandbox, calling the session's other tools.", ["execute_code"]),
+    "session_search": Toolset("Search the user's own past conversations.", ["session_search"]),
+    "messaging": Toolset("Send a message to another chat the user may address.", ["send_message"]),
     "debugging": Toolset("Terminal plus web and file tools.", ["terminal"], ["web", "file"]),
     "safe": Toolset("Everything except running commands.", [],
-                    ["web", "file", "memory", "todo", "clarify", "cronjob", "media"]),
+                    ["web", "file", "memory", "todo", "clarify", "cronjob", "media", "session_search"]),
     "hermes-core": Toolset("The core tools every chat platform gets.", list(_HERMES_CORE_TOOLS)),
     "hermes-telegram": Toolset("Tools for Telegram sessions.", [], ["hermes-core"]),
     "hermes-discord": Toolset("Tools for Discord sessions.", [], ["hermes-core"]),
@@ -68,9 +76,10 @@ TOOLSETS: dict[str, Toolset] = {
     # writes, runs commands or sends messages.
     "hermes-webhook": Toolset("Restricted tools for webhook-triggered runs (read-only web).", ["web_extract",
                                                                                              "web_search"]),
-    # Cron runs cannot ask questions (nobody is waiting) or create further jobs.
+    # Cron runs cannot ask questions (nobody is waiting), create further jobs or message other chats (their
+    # answer goes to the chat that scheduled them; the config can add "messaging").
     "hermes-cron": Toolset("Tools for scheduled runs.",
-                           [t for t in _HERMES_CORE_TOOLS if t not in ("cronjob", "clarify")]),
+                           [t for t in _HERMES_CORE_TOOLS if t not in ("cronjob", "clarify", "send_message")]),
     "hermes-gateway": Toolset("Union of every platform toolset.", [],
                               [f"hermes-{p}" for p in PLATFORMS]),
 }
