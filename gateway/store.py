@@ -165,12 +165,12 @@ _OUTBOX_DEPTH = sa.select(sa.func.count()).select_from(outbox_t).where(outbox_t.
 
 
 def _outbox_values(parts: Sequence[OutboxPart], now: float) -> list[dict[str, Any]]:
+    """The outbox rows of ``parts``; attempts, in_doubt and the claim start as the columns' defaults (0, 0, NULL)."""
     return [{"dedupe_key": p.dedupe_key, "run_id": p.run_id, "platform": p.platform, "chat_id": p.chat_id,
              "thread_id": p.thread_id, "reply_to": p.reply_to, "edit_message_id": p.edit_message_id,
              "part_index": p.part_index, "parts_total": p.parts_total, "text": p.text, "status": "pending",
-             "lane": p.lane or f"{p.platform}:{p.chat_id}",
-             "attempts": 0, "next_attempt_at": now, "created_at": now, "claimed_by": None, "claim_until": None,
-             "in_doubt": 0, "choices": json.dumps([c.to_dict() for c in p.choices]) if p.choices else None,
+             "lane": p.lane or f"{p.platform}:{p.chat_id}", "next_attempt_at": now, "created_at": now,
+             "choices": json.dumps([c.to_dict() for c in p.choices]) if p.choices else None,
              "file": p.file.describe() if p.file else None, "file_sha256": p.file.sha256 if p.file else None}
             for p in parts]
 
@@ -289,7 +289,7 @@ def accept_event(conn: Connection, *, dedupe_key: str, platform: str, kind: str,
         conn.execute(_RUN_INSERT, {
             "id": run.id, "kind": run.kind, "source": run.source, "session_key": session_key,
             "status": "running" if started else "queued", "toolsets": dumps(run.toolsets),
-            "prompt": run.prompt, "deliver_to": run.deliver_to, "tool_calls": "[]", "model_calls": 0,
+            "prompt": run.prompt, "deliver_to": run.deliver_to, "tool_calls": "[]",
             "attempts": int(started), "created_at": now, "started_at": now if started else None})
     accepted = Acceptance(int(inserted.id), run.id if run else None, duplicate=False)
     if replay is not None:

@@ -70,7 +70,7 @@ def check_url(url: str) -> None:
     """Raise UnsafeURLError unless ``url`` is http(s), has no credentials and resolves only to safe hosts."""
     try:
         parts = urlsplit(url)
-        port = parts.port
+        parts.port  # noqa: B018 - read for its check alone: ValueError unless a number from 0 to 65535
     except ValueError as exc:
         raise UnsafeURLError(f"malformed URL: {exc}") from None
     if parts.scheme not in ALLOWED_SCHEMES:
@@ -79,14 +79,15 @@ def check_url(url: str) -> None:
         raise UnsafeURLError("credentials (user:password@) in URLs are not allowed")
     if not parts.hostname:
         raise UnsafeURLError("URL has no host")
-    resolve_safe(parts.hostname, port or (443 if parts.scheme == "https" else 80))
+    resolve_safe(parts.hostname)
 
 
-def resolve_safe(host: str, port: int) -> list[str]:
+def resolve_safe(host: str) -> list[str]:
     """The addresses ``host`` resolves to, all validated; raises UnsafeURLError if any is unsafe.
 
     IP literals (any inet_aton form, IPv6 with or without brackets) are checked
-    without DNS; names go through getaddrinfo. Connect only to the returned addresses.
+    without DNS; names go through getaddrinfo. Connect only to the returned addresses
+    (on the URL's port: which addresses a name has does not depend on it).
     """
     name, literal = _normalize_host(host)
     if literal is not None:
@@ -94,7 +95,7 @@ def resolve_safe(host: str, port: int) -> list[str]:
     elif name == "localhost" or name.endswith(".localhost"):
         addresses = [ipaddress.IPv4Address("127.0.0.1")]  # RFC 6761: never sent to DNS
     else:
-        addresses = _getaddrinfo(name, port)
+        addresses = _getaddrinfo(name)
     for address in addresses:
         problem = _address_problem(address)
         if problem is not None:
@@ -144,9 +145,9 @@ def _parse_ipv4(text: str) -> ipaddress.IPv4Address | None:
     return ipaddress.IPv4Address(number)
 
 
-def _getaddrinfo(name: str, port: int) -> list[IPAddress]:
+def _getaddrinfo(name: str) -> list[IPAddress]:
     try:
-        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
         raise UnsafeURLError(f"cannot resolve host {name}: {exc}") from None
     addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))

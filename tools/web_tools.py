@@ -68,7 +68,7 @@ class _SafeResolver(AbstractResolver):
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        addresses = await asyncio.to_thread(resolve_safe, host, port)
+        addresses = await asyncio.to_thread(resolve_safe, host)
         return [
             ResolveResult(
                 hostname=host,
@@ -141,7 +141,7 @@ def _check_target(url: URL) -> None:
     # aiohttp dials IP-literal hosts without asking the resolver, so also check the
     # host exactly as aiohttp parsed it (guards against URL parser differences).
     if is_ip_address(url.raw_host):
-        resolve_safe(url.raw_host, url.port or 0)
+        resolve_safe(url.raw_host)
 
 
 async def _read_page(response: aiohttp.ClientResponse, url: str, max_chars: int) -> dict[str, Any]:

@@ -128,7 +128,7 @@ def test_public_literals_allowed_without_lookup(url: str) -> None:
 
 def test_numeric_forms_resolve_to_the_address_inet_aton_gives() -> None:
     for host in ("0x5db8d822", "1572395042", "93.184.55330", "0135.0270.0330.042"):
-        assert resolve_safe(host, 80) == ["93.184.216.34"]
+        assert resolve_safe(host) == ["93.184.216.34"]
 
 
 def test_names_are_resolved_and_every_address_checked(fake_dns: FakeDNS) -> None:
@@ -139,7 +139,7 @@ def test_names_are_resolved_and_every_address_checked(fake_dns: FakeDNS) -> None
             "mapped.test": ["::ffff:127.0.0.1"],
         }
     )
-    assert resolve_safe("public.test", 443) == ["93.184.216.34", "2606:2800:220:1::1"]
+    assert resolve_safe("public.test") == ["93.184.216.34", "2606:2800:220:1::1"]
     check_url("https://PUBLIC.test/page")
     with pytest.raises(UnsafeURLError, match=r"mixed\.test \(10\.0\.0\.5\).*private"):
         check_url("http://mixed.test/")
@@ -157,7 +157,7 @@ def test_allowlist_admits_only_the_listed_networks(fake_dns: FakeDNS) -> None:
     check_url("http://localhost:8080/x")
     check_url("http://[::ffff:127.0.0.1]/")
     check_url("http://2130706433/")
-    assert resolve_safe("wiki.corp", 80) == ["10.1.2.3"]
+    assert resolve_safe("wiki.corp") == ["10.1.2.3"]
     for url in ("http://127.0.0.2/", "http://192.168.1.1/", "http://[::1]/", "http://169.254.169.254/"):
         with pytest.raises(UnsafeURLError):
             check_url(url)
@@ -252,6 +252,6 @@ def test_numeric_hosts_parse_exactly_like_inet_aton(host: str) -> None:
         expected = socket.inet_ntoa(socket.inet_aton(host))
     except OSError:
         with pytest.raises(UnsafeURLError, match="invalid numeric"):
-            resolve_safe(host, 80)
+            resolve_safe(host)
     else:
-        assert resolve_safe(host, 80) == [expected]
+        assert resolve_safe(host) == [expected]

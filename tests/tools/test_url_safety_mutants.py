@@ -24,29 +24,30 @@ def _no_dns(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_a_bracketed_ipv6_literal_is_read_as_its_address() -> None:
     """Kills _normalize_host's ``host.strip("[]") if (host.startswith("[")) and False``, ``startswith("XX[XX")``
     and ``strip(None)`` (a public ``[v6]`` host would be refused as an invalid address)."""
-    assert resolve_safe("[2606:4700:4700::1111]", 443) == ["2606:4700:4700::1111"]
+    assert resolve_safe("[2606:4700:4700::1111]") == ["2606:4700:4700::1111"]
     with pytest.raises(UnsafeURLError, match="loopback"):
-        resolve_safe("[::1]", 443)
+        resolve_safe("[::1]")
 
 
 def test_a_unicode_spelling_of_the_metadata_host_is_still_blocked() -> None:
     """Kills _normalize_host's ``.decode("ascii").upper()`` (a host that IDNA-maps to the metadata endpoint's
     name, here in fullwidth letters, would escape the blocklist and go to DNS)."""
     with pytest.raises(UnsafeURLError, match="metadata"):
-        resolve_safe("ｍetadata.google.internal", 80)
+        resolve_safe("ｍetadata.google.internal")
 
 
 def test_octets_of_255_are_valid_and_of_256_are_not() -> None:
     """Kills _parse_ipv4's ``v >= 0xFF`` (a public address with a 255 octet refused) and ``v > 256`` (``1.256.1.1``
     accepted, its 256 carried into the octet before it: ``127.256.0.1`` would read as 128.0.0.1)."""
-    assert resolve_safe("8.8.255.1", 80) == ["8.8.255.1"]
+    assert resolve_safe("8.8.255.1") == ["8.8.255.1"]
     for invalid in ("1.256.1.1", "127.256.0.1"):
         with pytest.raises(UnsafeURLError, match="invalid numeric IPv4"):
-            resolve_safe(invalid, 80)
+            resolve_safe(invalid)
 
 
 def test_an_out_of_range_port_is_a_malformed_url() -> None:
-    """Kills check_url's ``port = None`` (``parts.port`` is what raises on ``:99999``)."""
+    """check_url reads ``parts.port`` for this check alone (it raises on ``:99999``): nothing else would notice
+    the read going."""
     with pytest.raises(UnsafeURLError, match="malformed URL"):
         check_url("http://8.8.8.8:99999/")
 
@@ -54,7 +55,7 @@ def test_an_out_of_range_port_is_a_malformed_url() -> None:
 def test_an_allowlisted_network_may_be_written_with_host_bits() -> None:
     """Kills configure_url_safety's ``strict=True`` and ``strict`` left out (``10.1.2.3/8`` would be refused)."""
     configure_url_safety(["10.1.2.3/8"])
-    assert resolve_safe("10.9.9.9", 80) == ["10.9.9.9"]
+    assert resolve_safe("10.9.9.9") == ["10.9.9.9"]
 
 
 # -- refusals in words: the model is told why a URL was refused, and says so to the user ------------------------
@@ -99,7 +100,7 @@ def test_a_host_that_is_not_one_says_so(host: str, message: str) -> None:
     """Kills _normalize_host's ``UnsafeURLError(None)`` for an IPv6 literal that does not parse and for a name
     IDNA cannot encode (a label over 63 characters): the refusal would read "None"."""
     with pytest.raises(UnsafeURLError) as refused:
-        resolve_safe(host, 80)
+        resolve_safe(host)
     assert str(refused.value) == message
 
 
@@ -107,5 +108,5 @@ def test_a_name_that_resolves_to_nothing_says_so(monkeypatch: pytest.MonkeyPatch
     """Kills _getaddrinfo's ``UnsafeURLError(None)`` (a resolver answering with no address)."""
     monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: [])
     with pytest.raises(UnsafeURLError) as refused:
-        resolve_safe("empty.example", 443)
+        resolve_safe("empty.example")
     assert str(refused.value) == "host empty.example resolves to no address"
