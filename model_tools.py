@@ -2,10 +2,15 @@
 
 - ``get_tool_plan`` / ``get_tool_definitions``: cached, availability-filtered OpenAI
   tool definitions for a set of toolsets, with progressive disclosure (tool search)
-  when non-core schemas would take too much of the context window. The definitions
-  are shared with the cache: read-only.
-- ``handle_function_call``: coerce arguments -> tool-search bridge -> pre hooks ->
-  dispatch (timed) -> post hooks -> transform hooks. Always returns a string.
+  when non-core schemas would take too much of the context window, and schemas cut to
+  what strict servers accept when asked (``strict_schemas``). The definitions are shared
+  with the cache: read-only.
+- ``handle_function_call``: parse -> tool-search bridge -> coerce -> request middleware ->
+  pre hooks -> dispatch (timed, inside the execution middleware) -> post hooks -> transform
+  hooks -> a result over the tool's limit stored in the workspace, a preview returned.
+  Always returns a string.
+- ``cap_turn_results``: the same storing across the results of one model turn.
+- ``llm_call_context``: what ``pre_llm_call`` hooks add to the next model request.
 - ``_run_async``: the bridge that runs async tool handlers off the caller's loop.
 """
 
@@ -19,16 +24,20 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from tools.registry import registry, tool_error, tool_result
+from tools.code_execution_tool import execute_code_definition
+from tools.registry import DEFAULT_MAX_RESULT_CHARS, registry, tool_error, tool_result, truncate_result
+from tools.result_store import PREVIEW_CHARS, store_result, stored_notice
+from tools.schema_sanitizer import sanitize_definition
 from toolsets import TOOLSETS, Toolset, core_tools, resolve_toolset_traced
 
 logger = logging.getLogger(__name__)
 
 ASYNC_TOOL_TIMEOUT = 300.0
+DEFAULT_TURN_RESULT_CHARS = 200_000  # of the results of one model turn together (``cap_turn_results``)
 _DEFINITION_CACHE_SIZE = 8
 
 BRIDGE_TOOLS = ("tool_search", "tool_describe", "tool_call")
@@ -106,47 +115,101 @@ def _run_async(coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> 
 registry.async_runner = _run_async
 
 
-# -- hooks ---------------------------------------------------------------
+# -- hooks and middleware ------------------------------------------------
 
-HookKind = Literal["pre_tool_call", "post_tool_call", "transform_tool_result"]
+HookKind = Literal["pre_llm_call", "pre_tool_call", "post_tool_call", "transform_tool_result"]
+MiddlewareKind = Literal["tool_request", "tool_execution"]
+PreLlmHook = Callable[[list[dict[str, Any]], Mapping[str, Any]], str | None]
 PreHook = Callable[[str, dict[str, Any], Mapping[str, Any]], str | None]
 PostHook = Callable[[str, dict[str, Any], str, float, Mapping[str, Any]], None]
 TransformHook = Callable[[str, dict[str, Any], str], str | None]
+RequestMiddleware = Callable[[str, dict[str, Any], Mapping[str, Any]], Mapping[str, Any] | None]
+CallNext = Callable[[Mapping[str, Any]], str]
+ExecutionMiddleware = Callable[[str, dict[str, Any], Mapping[str, Any], CallNext], str]
 
-_hooks: dict[str, list[Callable[..., Any]]] = {
-    "pre_tool_call": [],
-    "post_tool_call": [],
-    "transform_tool_result": [],
-}
+_HOOK_KINDS: tuple[str, ...] = get_args(HookKind)
+_MIDDLEWARE_KINDS: tuple[str, ...] = get_args(MiddlewareKind)
+_hooks: dict[str, list[Callable[..., Any]]] = {kind: [] for kind in (*_HOOK_KINDS, *_MIDDLEWARE_KINDS)}
 _hooks_lock = threading.Lock()
 
 
-def register_hook(kind: HookKind, fn: Callable[..., Any]) -> None:
-    """Add a hook.
-
-    pre_tool_call(name, args, ctx) -> block message or None; post_tool_call(name, args,
-    result, seconds, ctx); transform_tool_result(name, args, result) -> new result or None.
-    """
+def _add(kind: str, kinds: tuple[str, ...], fn: Callable[..., Any]) -> None:
+    if kind not in kinds:
+        raise ValueError(f"unknown kind {kind!r}: use one of {', '.join(kinds)}")
     with _hooks_lock:
         _hooks[kind].append(fn)
 
 
-def unregister_hook(kind: HookKind, fn: Callable[..., Any]) -> None:
-    """Remove a hook added with ``register_hook`` (no-op when absent)."""
-    with _hooks_lock, contextlib.suppress(ValueError):
+def register_hook(kind: HookKind, fn: Callable[..., Any]) -> None:
+    """Add a hook (called in registration order; one that raises is logged and skipped).
+
+    - ``pre_llm_call(messages, ctx) -> str | None``: before each model request of a run (``messages``: the
+      request's, read-only; ``ctx``: the run's tool context); the texts returned are added to that request only
+      (after its last user message's text), never to the transcript;
+    - ``pre_tool_call(name, args, ctx) -> str | None``: a string blocks the call (the model gets it as the error);
+    - ``post_tool_call(name, args, result, seconds, ctx)``: after every call, a blocked one included: then
+      ``ctx["blocked"]`` is True, ``result`` the refusal and ``seconds`` 0;
+    - ``transform_tool_result(name, args, result) -> str | None``: a string replaces the result.
+
+    ``name`` is the tool that runs (a ``tool_call`` through tool search shows the tool it calls).
+    """
+    _add(kind, _HOOK_KINDS, fn)
+
+
+def register_middleware(kind: MiddlewareKind, fn: Callable[..., Any]) -> None:
+    """Add middleware around tool calls (in registration order: the first added is the outermost).
+
+    - ``tool_request(name, args, ctx) -> Mapping | None``: rewrites a call's arguments before the pre hooks and
+      the tool see them (return the new arguments, or None to keep them);
+    - ``tool_execution(name, args, ctx, call_next) -> str``: wraps the tool's run: ``call_next(args)`` runs the
+      rest of the chain and the tool (once; a second call raises) and returns its result, which the middleware
+      may transform before returning it.
+
+    Middleware that raises (or returns something else than documented) is logged and skipped: the call goes on
+    as if it were absent, with the result of ``call_next`` when it had already called it.
+    """
+    _add(kind, _MIDDLEWARE_KINDS, fn)
+
+
+def unregister_hook(kind: HookKind | MiddlewareKind, fn: Callable[..., Any]) -> None:
+    """Remove a hook or middleware added with ``register_hook``/``register_middleware`` (no-op when absent)."""
+    with _hooks_lock, contextlib.suppress(ValueError, KeyError):
         _hooks[kind].remove(fn)
 
 
+unregister_middleware = unregister_hook
+
+
 def clear_hooks() -> None:
-    """Remove every hook."""
+    """Remove every hook and middleware."""
     with _hooks_lock:
         for fns in _hooks.values():
             fns.clear()
 
 
-def _hooks_of(kind: HookKind) -> list[Callable[..., Any]]:
+def has_hooks(kind: HookKind | MiddlewareKind) -> bool:
+    """Whether any hook (or middleware) of ``kind`` is registered."""
+    with _hooks_lock:
+        return bool(_hooks[kind])
+
+
+def _hooks_of(kind: HookKind | MiddlewareKind) -> list[Callable[..., Any]]:
     with _hooks_lock:
         return list(_hooks[kind])
+
+
+def llm_call_context(messages: list[dict[str, Any]], ctx: Mapping[str, Any]) -> str:
+    """The texts ``pre_llm_call`` hooks give for the next model request (``messages``), joined; "" for none."""
+    texts: list[str] = []
+    for hook in _hooks_of("pre_llm_call"):
+        try:
+            text = hook(messages, ctx)
+        except Exception as exc:
+            logger.warning("pre_llm_call hook %r failed: %s", hook, exc)
+            continue
+        if isinstance(text, str) and text.strip():
+            texts.append(text.strip())
+    return "\n\n".join(texts)
 
 
 # -- argument coercion ---------------------------------------------------
@@ -283,7 +346,7 @@ class _CachedPlan:
     """A built plan and what it was built from, besides its cache key."""
 
     generation: int  # the registry's
-    toolsets: tuple[tuple[str, Toolset], ...]  # the TOOLSETS entries resolution read
+    toolsets: tuple[tuple[str, Toolset | None], ...]  # the TOOLSETS entries resolution read (None: unknown)
     probed: tuple[str, ...]  # tools whose availability can change without a new generation (check_fn, env)
     probed_available: tuple[str, ...]  # those of them that were available
     plan: ToolPlan
@@ -357,30 +420,36 @@ def _bridge_definitions() -> list[dict[str, Any]]:
     ]
 
 
-def _build_plan(enabled: tuple[str, ...], disabled: tuple[str, ...], search: ToolSearchConfig) -> _CachedPlan:
+def _build_plan(enabled: tuple[str, ...], disabled: tuple[str, ...], search: ToolSearchConfig,
+                strict: bool) -> _CachedPlan:
     generation = registry.generation  # read first: a change during the build leaves the entry stale, never wrong
-    all_names = registry.tool_names()
-    disabled_tools, disabled_read = resolve_toolset_traced(disabled, all_names)
-    enabled_tools, enabled_read = resolve_toolset_traced(enabled, all_names)
+    disabled_tools, disabled_read = resolve_toolset_traced(disabled)
+    enabled_tools, enabled_read = resolve_toolset_traced(enabled)
     excluded = set(disabled_tools)
     names = [n for n in enabled_tools if n not in excluded]
     entries = registry.snapshot()
     probed = tuple(n for n in names if (e := entries.get(n)) is not None and (e.check_fn or e.requires_env))
     available = registry.available(names)
-    plan = _plan_from(available, search)
+    plan = _plan_from(available, search, strict)
     return _CachedPlan(generation, tuple({**disabled_read, **enabled_read}.items()), probed,
                        tuple(n for n in probed if n in plan.allowed), plan)
 
 
-def _plan_from(available: list[str], search: ToolSearchConfig) -> ToolPlan:
+def _plan_from(available: list[str], search: ToolSearchConfig, strict: bool) -> ToolPlan:
     defs = registry.get_definitions(available)
     _strip_unavailable_mentions(defs, set(registry.tool_names()) - set(available))
+    # execute_code's description lists the tools a script may call: this plan's (as the reference builds it; after
+    # the stripping, which would take words such as "memory" for the tool).
+    defs = [execute_code_definition(available) if d["function"]["name"] == "execute_code" else d for d in defs]
+    bridge = _bridge_definitions()
+    if strict:
+        defs, bridge = [sanitize_definition(d) for d in defs], [sanitize_definition(d) for d in bridge]
     core = core_tools()
     extra = [d for d in defs if d["function"]["name"] not in core]
     if search.enabled and extra and _estimate_tokens(extra) > search.threshold * search.context_window_tokens:
         deferred = tuple(d["function"]["name"] for d in extra)
         kept = [d for d in defs if d["function"]["name"] in core]
-        return ToolPlan(kept + _bridge_definitions(), frozenset(available), deferred)
+        return ToolPlan(kept + bridge, frozenset(available), deferred)
     return ToolPlan(defs, frozenset(available))
 
 
@@ -390,12 +459,16 @@ def get_tool_plan(
     *,
     config_fingerprint: str = "",
     tool_search: ToolSearchConfig | None = None,
+    strict_schemas: bool = False,
 ) -> ToolPlan:
-    """The (cached) tool plan for a run: a new list of read-only definitions (see ``ToolPlan``)."""
+    """The (cached) tool plan for a run: a new list of read-only definitions (see ``ToolPlan``).
+
+    ``strict_schemas``: parameters cut to the JSON Schema subset strict servers accept (tools/schema_sanitizer.py).
+    """
     search = tool_search or ToolSearchConfig()
     enabled = tuple(sorted(set(enabled_toolsets)))
     disabled = tuple(sorted(set(disabled_toolsets)))
-    key = (enabled, disabled, config_fingerprint, search)
+    key = (enabled, disabled, config_fingerprint, search, strict_schemas)
     with _plan_cache_lock:
         cached = _plan_cache.get(key)
         if cached is not None:
@@ -404,7 +477,7 @@ def get_tool_plan(
         with _plan_cache_lock:
             _cache_stats["hits"] += 1
     else:
-        cached = _build_plan(enabled, disabled, search)
+        cached = _build_plan(enabled, disabled, search, strict_schemas)
         with _plan_cache_lock:
             _cache_stats["misses"] += 1
             _plan_cache[key] = cached
@@ -420,10 +493,11 @@ def get_tool_definitions(
     *,
     config_fingerprint: str = "",
     tool_search: ToolSearchConfig | None = None,
+    strict_schemas: bool = False,
 ) -> list[dict[str, Any]]:
     """OpenAI tool definitions for the toolsets (cached; a new list of read-only definitions)."""
     return get_tool_plan(enabled_toolsets, disabled_toolsets, config_fingerprint=config_fingerprint,
-                         tool_search=tool_search).definitions
+                         tool_search=tool_search, strict_schemas=strict_schemas).definitions
 
 
 # -- calls ---------------------------------------------------------------
@@ -474,6 +548,18 @@ def _parse_args(args: Mapping[str, Any] | str | None) -> dict[str, Any] | str:
     return dict(args)
 
 
+def real_call(name: str, arguments: str) -> tuple[str, str]:
+    """The tool a call from the model runs and its arguments (JSON): for a ``tool_call`` through tool search, the
+    tool it names; otherwise the call as it is."""
+    if name != "tool_call":
+        return name, arguments
+    parsed = _parse_args(arguments)
+    if isinstance(parsed, str) or not isinstance(parsed.get("name"), str):
+        return name, arguments
+    inner = parsed.get("arguments") or {}
+    return parsed["name"], inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
+
+
 def handle_function_call(
     name: str,
     args: Mapping[str, Any] | str | None,
@@ -481,10 +567,12 @@ def handle_function_call(
     enabled_tools: frozenset[str] | None = None,
     **ctx: Any,
 ) -> str:
-    """Carry out one tool call from the model and return the result string.
+    """Carry out one tool call from the model and return the result string (see the module's docstring).
 
-    ``enabled_tools`` is the run's fixed allowance (``ToolPlan.allowed``): anything
-    outside it is refused, including through ``tool_call``.
+    ``enabled_tools`` is the run's fixed allowance (``ToolPlan.allowed``): anything outside it is refused,
+    including through ``tool_call``. ``ctx`` is handed to hooks, middleware and the tool; with ``workspace`` in it,
+    a result over the tool's ``max_result_size_chars`` is stored there (under ``run_id`` and ``tool_call_id``) and
+    the model gets a preview with the path; without, the result is cut.
     """
     parsed = _parse_args(args)
     if isinstance(parsed, str):
@@ -493,21 +581,19 @@ def handle_function_call(
         return _bridge_call(name, parsed, enabled_tools, ctx)
     if enabled_tools is not None and name not in enabled_tools:
         return tool_error(f"Tool {name} is not available in this session")
-    call_args = coerce_tool_args(name, parsed)
-    for hook in _hooks_of("pre_tool_call"):
-        try:
-            blocked = hook(name, call_args, ctx)
-        except Exception as exc:
-            logger.warning("pre_tool_call hook %r failed: %s", hook, exc)
-            continue
-        if blocked:
-            return tool_error(str(blocked))
-    started = time.perf_counter()
-    result = registry.dispatch(name, call_args, **ctx)
-    elapsed = time.perf_counter() - started
+    call_args = _rewrite(name, coerce_tool_args(name, parsed), ctx)
+    refusal = _refusal(name, call_args, ctx)
+    if refusal is None:
+        started = time.perf_counter()
+        # The run's allowance goes with the call: execute_code offers a script only the tools the run may use.
+        result = _execute(name, call_args,
+                          ctx if enabled_tools is None else {**ctx, "enabled_tools": sorted(enabled_tools)})
+        elapsed, post_ctx = time.perf_counter() - started, ctx
+    else:
+        result, elapsed, post_ctx = tool_error(refusal), 0.0, {**ctx, "blocked": True}
     for hook in _hooks_of("post_tool_call"):
         try:
-            hook(name, call_args, result, elapsed, ctx)
+            hook(name, call_args, result, elapsed, post_ctx)
         except Exception as exc:
             logger.warning("post_tool_call hook %r failed: %s", hook, exc)
     for hook in _hooks_of("transform_tool_result"):
@@ -518,4 +604,110 @@ def handle_function_call(
             continue
         if isinstance(replaced, str):
             result = replaced
-    return result
+    entry = registry.get(name)
+    limit = entry.result_limit if entry is not None else DEFAULT_MAX_RESULT_CHARS
+    return result if len(result) <= limit else _shrink(name, result, limit, ctx, enabled_tools)
+
+
+def _rewrite(name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments after the ``tool_request`` middleware."""
+    for middleware in _hooks_of("tool_request"):
+        try:
+            rewritten = middleware(name, dict(args), ctx)
+        except Exception as exc:
+            logger.warning("tool_request middleware %r failed on %s: %s", middleware, name, exc)
+            continue
+        if isinstance(rewritten, Mapping):
+            args = dict(rewritten)
+        elif rewritten is not None:
+            logger.warning("tool_request middleware %r returned %s, not arguments; ignored", middleware,
+                           type(rewritten).__name__)
+    return args
+
+
+def _refusal(name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> str | None:
+    """Why a ``pre_tool_call`` hook blocks the call, or None (every hook runs until one blocks)."""
+    for hook in _hooks_of("pre_tool_call"):
+        try:
+            blocked = hook(name, args, ctx)
+        except Exception as exc:
+            logger.warning("pre_tool_call hook %r failed: %s", hook, exc)
+            continue
+        if blocked:
+            return str(blocked)
+    return None
+
+
+def _execute(name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> str:
+    """Dispatch the call inside the ``tool_execution`` middleware (the first registered outermost)."""
+    chain = _hooks_of("tool_execution")
+
+    def call_at(index: int, call_args: dict[str, Any]) -> str:
+        if index == len(chain):
+            return registry.dispatch(name, call_args, **ctx)
+        middleware = chain[index]
+        done: list[str] = []
+
+        def call_next(next_args: Mapping[str, Any]) -> str:
+            if done:
+                raise RuntimeError("call_next was called twice: a tool runs once per call")
+            done.append(call_at(index + 1, dict(next_args)))
+            return done[0]
+
+        try:
+            result = middleware(name, dict(call_args), ctx, call_next)
+            if not isinstance(result, str):
+                raise TypeError(f"returned {type(result).__name__}, not the result string")
+        except Exception as exc:
+            logger.warning("tool_execution middleware %r failed on %s: %s", middleware, name, exc)
+            return done[0] if done else call_at(index + 1, call_args)
+        return result
+
+    return call_at(0, args)
+
+
+# Tools with which a run can read a stored result back.
+_READERS = frozenset({"read_file", "search_files", "terminal", "execute_code"})
+
+
+def _shrink(name: str, result: str, cut_to: int, ctx: Mapping[str, Any],
+            enabled_tools: Iterable[str] | None) -> str:
+    """A long result stored in the run's workspace and shown as a preview with its path (cut to ``cut_to``
+    characters when there is no workspace, it cannot be written, or the run has no tool to read it with:
+    a webhook run's ``web_extract`` is cut, not pointed at a file it cannot open)."""
+    workspace = ctx.get("workspace")
+    if workspace and (enabled_tools is None or not _READERS.isdisjoint(enabled_tools)):
+        try:
+            path = store_result(workspace, str(ctx.get("run_id") or "no-run"), str(ctx.get("tool_call_id") or name),
+                                result)
+        except OSError as exc:
+            logger.warning("result of %s (%d characters) not stored in the workspace: %s", name, len(result), exc)
+        else:
+            return stored_notice(result, path, min(PREVIEW_CHARS, cut_to))
+    return truncate_result(result, cut_to)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """One tool result of a model turn: the tool that ran (its real name), the call's id and the result."""
+
+    name: str
+    call_id: str
+    text: str
+
+
+def cap_turn_results(results: Sequence[TurnResult], limit: int, ctx: Mapping[str, Any],
+                     enabled_tools: Iterable[str] | None = None) -> list[str]:
+    """The results of one model turn fitted into ``limit`` characters together: the largest are stored and
+    previewed (as ``handle_function_call`` does with one over its tool's limit) until the rest fit. Results no
+    longer than twice a preview are left as they are: storing them would not gain enough."""
+    texts = [r.text for r in results]
+    total = sum(map(len, texts))
+    for i in sorted(range(len(texts)), key=lambda i: -len(texts[i])):
+        if total <= limit or len(texts[i]) <= 2 * PREVIEW_CHARS:
+            break
+        shrunk = _shrink(results[i].name, texts[i], PREVIEW_CHARS, {**ctx, "tool_call_id": results[i].call_id},
+                         enabled_tools)
+        total += len(shrunk) - len(texts[i])
+        texts[i] = shrunk
+    return texts

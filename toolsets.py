@@ -1,7 +1,8 @@
 """Named toolsets: lists of tool names composed by ``includes``.
 
 A toolset names tools; whether a tool exists or is available is the registry's
-business. Resolution is cycle- and diamond-safe. Stdlib only.
+business. Resolution is cycle- and diamond-safe; ``all`` / ``*`` is the union of every
+toolset; an unknown name resolves to nothing (logged once). Stdlib only.
 """
 
 from __future__ import annotations
@@ -86,20 +87,25 @@ TOOLSETS: dict[str, Toolset] = {
 
 
 class ToolsetError(ValueError):
-    """An unknown toolset name or an invalid custom toolset."""
+    """An invalid custom toolset, or a toolset asked for by name that does not exist."""
 
 
-def _expand(name: str, tools: list[str], seen_tools: set[str], visited: dict[str, Toolset],
+_unknown_logged: set[str] = set()
+
+
+def _expand(name: str, tools: list[str], seen_tools: set[str], visited: dict[str, Toolset | None],
             stack: tuple[str, ...], toolsets: Mapping[str, Toolset]) -> None:
     if name in stack:
         logger.warning("toolset include cycle ignored: %s", " -> ".join((*stack, name)))
         return
     if name in visited:  # diamond: already expanded through another path
         return
-    ts = toolsets.get(name)
+    ts = visited[name] = toolsets.get(name)
     if ts is None:
-        raise ToolsetError(f"unknown toolset {name!r}; known: {', '.join(sorted(toolsets))}")
-    visited[name] = ts
+        if name not in _unknown_logged:  # a set a config names is checked at load: this is a run-time leftover
+            _unknown_logged.add(name)
+            logger.warning("unknown toolset %r resolves to no tools; known: %s", name, ", ".join(sorted(toolsets)))
+        return
     for tool in ts.tools:
         if tool not in seen_tools:
             seen_tools.add(tool)
@@ -108,31 +114,36 @@ def _expand(name: str, tools: list[str], seen_tools: set[str], visited: dict[str
         _expand(inc, tools, seen_tools, visited, (*stack, name), toolsets)
 
 
-def resolve_toolset(names: str | Iterable[str], all_tools: Iterable[str] = (),
-                    toolsets: Mapping[str, Toolset] | None = None) -> list[str]:
+def resolve_toolset(names: str | Iterable[str], *, toolsets: Mapping[str, Toolset] | None = None) -> list[str]:
     """Tool names of one or more toolsets, includes expanded, first-seen order, no duplicates.
 
-    ``all`` / ``*`` stand for every tool in ``all_tools`` (the registry's names).
-    Unknown toolset names raise ToolsetError; include cycles are logged and cut.
+    ``all`` / ``*`` stand for the union of every toolset in the table (sorted by tool name). An unknown
+    toolset name resolves to nothing (logged once); include cycles are logged and cut.
     """
-    return resolve_toolset_traced(names, all_tools, toolsets)[0]
+    return _resolve(names, TOOLSETS if toolsets is None else toolsets)[0]
 
 
-def resolve_toolset_traced(names: str | Iterable[str], all_tools: Iterable[str] = (),
-                           toolsets: Mapping[str, Toolset] | None = None) -> tuple[list[str], dict[str, Toolset]]:
-    """``resolve_toolset``, plus the toolsets it read: the result holds while the table maps each of those
-    names to the same object (and ``all_tools`` is unchanged)."""
-    table = TOOLSETS if toolsets is None else toolsets
+def resolve_toolset_traced(names: str | Iterable[str], *, toolsets: Mapping[str, Toolset] | None = None
+                           ) -> tuple[list[str], dict[str, Toolset | None]]:
+    """``resolve_toolset``, plus the toolsets it read (None for a name it did not find): the result holds
+    while the table maps each of those names to the same object (still None: still unknown). For ``all``
+    that is every toolset of the table; one added since is not among them."""
+    return _resolve(names, TOOLSETS if toolsets is None else toolsets)
+
+
+def _resolve(names: str | Iterable[str], table: Mapping[str, Toolset]
+             ) -> tuple[list[str], dict[str, Toolset | None]]:
     requested = [names] if isinstance(names, str) else list(names)
     tools: list[str] = []
     seen: set[str] = set()
-    visited: dict[str, Toolset] = {}
+    visited: dict[str, Toolset | None] = {}
     for name in requested:
         if name in ALL_NAMES:
-            for tool in sorted(all_tools):
-                if tool not in seen:
-                    seen.add(tool)
-                    tools.append(tool)
+            snapshot = dict(table)  # another thread may add a source's toolset meanwhile
+            visited.update(snapshot)
+            for tool in sorted({t for ts in snapshot.values() for t in ts.tools} - seen):
+                seen.add(tool)
+                tools.append(tool)
             continue
         _expand(name, tools, seen, visited, (), table)
     return tools, visited
@@ -163,8 +174,8 @@ def set_source_toolset(name: str, description: str, tools: Iterable[str]) -> Too
     """Create or replace the runtime toolset of a tool source (``mcp-<server>`` or ``plugin-<name>``).
 
     Replacing is one dict assignment, so readers on other threads see the old or the new list.
-    These toolsets are never included in ``hermes-*`` sets: a platform gets them only when the
-    ``toolsets`` config names them.
+    No built-in ``hermes-*`` set includes them: a platform gets them when the ``toolsets`` config names
+    them, or when it is the plugin's own platform (``set_plugin_platform_toolset``).
     """
     if not name.startswith(SOURCE_PREFIXES):
         raise ToolsetError(f"tool source toolset {name!r} must start with mcp- or plugin-")
@@ -172,9 +183,29 @@ def set_source_toolset(name: str, description: str, tools: Iterable[str]) -> Too
 
 
 def remove_source_toolset(name: str) -> None:
-    """Drop a tool source's toolset (its server or plugin is gone); no-op when absent."""
+    """Drop a tool source's toolset (its server or plugin is gone), or a plugin platform's ``hermes-<platform>``
+    made by ``set_plugin_platform_toolset``; no-op when absent."""
     if name.startswith(SOURCE_PREFIXES):
         TOOLSETS.pop(name, None)
+    elif (made := _PLATFORM_TOOLSETS.pop(name, None)) is not None and TOOLSETS.get(name) is made:
+        del TOOLSETS[name]
+
+
+_PLATFORM_TOOLSETS: dict[str, Toolset] = {}  # the hermes-<platform> sets made for plugin platforms
+
+
+def set_plugin_platform_toolset(platform: str, source: str) -> Toolset | None:
+    """``hermes-<platform>`` for a platform a plugin registers: the core tools plus that plugin's toolset
+    (``source``, ``plugin-<name>``). A toolset of that name defined otherwise stays as it is (None).
+    ``remove_source_toolset`` drops it again."""
+    name = f"hermes-{platform}"
+    current = TOOLSETS.get(name)
+    if current is not None and _PLATFORM_TOOLSETS.get(name) is not current:
+        return None
+    ts = Toolset(f"Tools for {platform} sessions (a plugin platform): the core tools and those of {source}.",
+                 [], ["hermes-core", source])
+    TOOLSETS[name] = _PLATFORM_TOOLSETS[name] = ts
+    return ts
 
 
 def toolset_for_platform(platform: str, overrides: Mapping[str, str | list[str]] | None = None) -> list[str]:

@@ -6,13 +6,18 @@ resident memory) is imported only when that platform is enabled, so a gateway pa
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Literal
 
 from gateway.config import Config, DiscordPlatform, SlackPlatform, TelegramPlatform
+from gateway.plugins import EnabledPlatform
 from platforms.base import BasePlatformAdapter
 from platforms.callback import CallbackAdapter, CallbackTarget
 from platforms.forge import ForgeSettings, GitHubAdapter, GitLabAdapter
 from platforms.webhook import WebhookAdapter, WebhookRoute
+
+logger = logging.getLogger(__name__)
 
 
 def _telegram(tg: TelegramPlatform, token: str) -> BasePlatformAdapter:
@@ -53,8 +58,25 @@ def _slack(sl: SlackPlatform, bot_token: str) -> BasePlatformAdapter:
         assistant_status=sl.assistant_status))
 
 
-def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:
-    """One adapter per enabled platform, keyed by platform name."""
+def _plugin_adapter(name: str, enabled: EnabledPlatform) -> BasePlatformAdapter | None:
+    """The adapter of a plugin's platform, or None (logged) when its factory fails or breaks the contract."""
+    plugin = enabled.platform.plugin
+    try:
+        adapter = enabled.platform.adapter_factory(enabled.settings)
+    except Exception as exc:  # one broken plugin never stops the other platforms
+        logger.error("platform %s of plugin %s failed to build: %s: %s", name, plugin, type(exc).__name__, exc)
+        return None
+    if not isinstance(adapter, BasePlatformAdapter) or adapter.name != name:
+        logger.error("platform %s of plugin %s not started: its factory must return a BasePlatformAdapter named "
+                     "%r, not %r", name, plugin, name, adapter)
+        return None
+    return adapter
+
+
+def build_adapters(cfg: Config, plugin_platforms: Mapping[str, EnabledPlatform] | None = None
+                   ) -> dict[str, BasePlatformAdapter]:
+    """One adapter per enabled platform, keyed by platform name; ``plugin_platforms``: the enabled platforms
+    of plugins (``gateway.plugins.enabled_plugin_platforms``)."""
     adapters: dict[str, BasePlatformAdapter] = {}
     tg = cfg.platforms.telegram
     if tg.enabled and tg.token is not None:
@@ -83,6 +105,9 @@ def build_adapters(cfg: Config) -> dict[str, BasePlatformAdapter]:
         if settings.token is not None:
             adapters[forge] = adapter(ForgeSettings(settings.token.get_secret_value(), settings.api_base_url,
                                                     settings.timeout))
+    for name, enabled in (plugin_platforms or {}).items():
+        if (plugin_adapter := _plugin_adapter(name, enabled)) is not None:
+            adapters[name] = plugin_adapter
     return adapters
 
 
@@ -91,7 +116,8 @@ def receives_on(cfg: Config, platform: str) -> Literal["leader", "all"]:
 
     ``platforms.<p>.run_on`` as resolved by the config: Telegram webhook and Slack http mode are always
     "all", and so is a Discord replica given its own shards (``shard:<ids>``). Webhooks arrive on every
-    replica's HTTP server and callbacks receive nothing: "all". Every replica sends on every platform.
+    replica's HTTP server, callbacks receive nothing, and a plugin's platform receives on every replica (the inbox
+    accepts an event once): "all". Every replica sends on every platform.
     """
     p = cfg.platforms
     run_on = {"telegram": p.telegram.run_on, "slack": p.slack.run_on, "discord": p.discord.run_on}.get(platform)

@@ -50,6 +50,7 @@ CUT_OFF_NOTES = {
     "length": "(The answer was cut off: it reached the model's output limit.)",
     "content_filter": "(The answer was cut off by the model provider's content filter.)",
 }
+RECORD_RESULT_CHARS = 2000  # of a tool call's result, kept in the run's record
 _SDK_MAX_CONNECTIONS = 1000  # the openai SDK's own defaults
 _SDK_KEEPALIVE = 100
 _CHUNK_STREAM = openai.AsyncStream[ChatCompletionChunk]
@@ -170,11 +171,14 @@ class Agent:
     """Runs the tool-calling loop against one OpenAI-compatible model."""
 
     def __init__(self, cfg: ModelSettings, client: openai.AsyncOpenAI, tool_pool: ThreadPoolExecutor,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, *, max_turn_result_chars: int = model_tools.DEFAULT_TURN_RESULT_CHARS) -> None:
         self.cfg = cfg
         self.client = client
         self.tool_pool = tool_pool
         self.metrics = metrics
+        self.max_turn_result_chars = max_turn_result_chars
+        """The most characters the results of one model turn give the model together (``tools.max_turn_result_chars``):
+        past it, the largest are stored in the workspace and previewed (``model_tools.cap_turn_results``)."""
         self.system_prompt = cfg.system_prompt or DEFAULT_SYSTEM_PROMPT
         self.show_image: ShowImage | None = None
         """Set by the gateway: loads an image ``vision_analyze`` asks to show (None: images are not shown)."""
@@ -187,15 +191,16 @@ class Agent:
         """Drive the model (``model``, else ``model.name``) until it answers without tool calls (or ``max_turns``
         / the budget is reached). Each call's reported tokens are added to ``usage`` as they come, so it holds what
         was used even when the loop fails part way. Before each model call, the messages ``steer`` gives are added
-        as user messages (gateway/steering.py). ``gate`` decides each tool call (run, ask, deny: a call to ask
-        about ends the loop with ``ended_by`` "approval"); ``approved`` calls, answered yes by the user, run first."""
+        as user messages (gateway/steering.py), and what ``pre_llm_call`` hooks give is added to that request only.
+        ``gate`` decides each tool call (run, ask, deny: a call to ask about ends the loop with ``ended_by``
+        "approval"); ``approved`` calls, answered yes by the user, run first."""
         outcome = RunOutcome(text="", model=model or self.cfg.name)
         convo = list(messages)
         if approved:
             assistant = ChatMessage("assistant", None, list(approved))
             outcome.transcript.append(assistant)
             convo.append(assistant.to_openai())
-            results = await asyncio.gather(*(self._call_tool(tc, plan, tool_ctx, cancel) for tc in approved))
+            results = await self._run_calls(approved, plan, tool_ctx, cancel)
             for tc, (result, record) in zip(approved, results, strict=True):
                 outcome.tool_calls.append(record)
                 tool_msg = ChatMessage("tool", result, tool_call_id=tc["id"])
@@ -207,8 +212,9 @@ class Agent:
                 message = ChatMessage("user", steering)
                 outcome.transcript.append(message)
                 convo.append(message.to_openai())
+            request = await self._with_hook_context(convo, tool_ctx)
             started = time.perf_counter()
-            turn = await self._complete(convo, plan.definitions, on_text, model=outcome.model)
+            turn = await self._complete(request, plan.definitions, on_text, model=outcome.model)
             content, tool_calls = turn.content, turn.tool_calls
             elapsed = time.perf_counter() - started
             outcome.model_calls += 1
@@ -235,9 +241,8 @@ class Agent:
             if stop:
                 return self._end(outcome, stop, "budget")
             verdicts = await gate.check(tool_calls) if gate is not None else [RUN] * len(tool_calls)
-            ran = iter(await asyncio.gather(*(self._call_tool(tc, plan, tool_ctx, cancel)
-                                              for tc, v in zip(tool_calls, verdicts, strict=True)
-                                              if v.action == "run")))
+            ran = iter(await self._run_calls([tc for tc, v in zip(tool_calls, verdicts, strict=True)
+                                              if v.action == "run"], plan, tool_ctx, cancel))
             question: tuple[str, list[str]] | None = None
             results: list[str] = []
             for tc, verdict in zip(tool_calls, verdicts, strict=True):
@@ -260,6 +265,34 @@ class Agent:
                 return outcome
         return self._end(outcome, f"I stopped after {self.cfg.max_turns} steps without a final answer. "
                          "Ask me to continue, or narrow the request.", "max_turns")
+
+    async def _with_hook_context(self, convo: list[dict[str, Any]], tool_ctx: Mapping[str, Any]
+                                 ) -> list[dict[str, Any]]:
+        """The next request: ``convo``, with what ``pre_llm_call`` hooks give (run on the tool pool: a hook may
+        block) added to its last user message, in a copy (the conversation and the transcript never hold it)."""
+        if not model_tools.has_hooks("pre_llm_call"):
+            return convo
+        loop = asyncio.get_running_loop()
+        context = await loop.run_in_executor(self.tool_pool, model_tools.llm_call_context, list(convo), tool_ctx)
+        return _with_context(convo, context) if context else convo
+
+    async def _run_calls(self, calls: Sequence[dict[str, Any]], plan: model_tools.ToolPlan,
+                         tool_ctx: dict[str, Any], cancel: threading.Event | None) -> list[tuple[str, dict[str, Any]]]:
+        """Run one turn's calls concurrently; their results and records, the turn's results within
+        ``max_turn_result_chars`` together."""
+        done = list(await asyncio.gather(*(self._call_tool(tc, plan, tool_ctx, cancel) for tc in calls)))
+        if sum(len(result) for result, _ in done) <= self.max_turn_result_chars:
+            return done
+        turn = [model_tools.TurnResult(record["name"], tc["id"], result)
+                for tc, (result, record) in zip(calls, done, strict=True)]
+        loop = asyncio.get_running_loop()
+        texts = await loop.run_in_executor(self.tool_pool, model_tools.cap_turn_results, turn,
+                                           self.max_turn_result_chars, tool_ctx, plan.allowed)
+        for i, (text, (result, record)) in enumerate(zip(texts, done, strict=True)):
+            if text != result:
+                record["result"] = text[:RECORD_RESULT_CHARS]
+                done[i] = (text, record)
+        return done
 
     async def _take_media(self, results: Sequence[str], outcome: RunOutcome, convo: list[dict[str, Any]],
                           tool_ctx: Mapping[str, Any]) -> None:
@@ -289,9 +322,7 @@ class Agent:
             result = tool_result(status="awaiting_approval", reasons=[d.reason for d in verdict.dangers],
                                  note="Not run yet: the user was asked to approve it. Stop here; their decision "
                                       "comes as the next message, with the result if they approve.")
-        record = {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"], "result": result,
-                  "seconds": 0.0, "error": verdict.action == "deny", "approval": verdict.action}
-        return result, record
+        return result, _record(tc, result, 0.0, verdict.action == "deny", approval=verdict.action)
 
     @staticmethod
     def _end(outcome: RunOutcome, text: str, reason: str) -> RunOutcome:
@@ -381,15 +412,45 @@ class Agent:
         args = tc["function"]["arguments"]
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        ctx = {**tool_ctx, "cancel_event": cancel} if cancel is not None else tool_ctx
+        ctx = {**tool_ctx, "tool_call_id": tc["id"]}
+        if cancel is not None:
+            ctx["cancel_event"] = cancel
         result = await loop.run_in_executor(
             self.tool_pool, lambda: model_tools.handle_function_call(name, args, enabled_tools=plan.allowed, **ctx))
         elapsed = time.perf_counter() - started
+        record = _record(tc, result, round(elapsed, 6), result.startswith('{"error"'))
         # The name comes from the model: label only tools the run may call, so a model inventing names
         # cannot grow the metric's label set (and the process's memory) without bound.
-        known = name in plan.allowed or name in model_tools.BRIDGE_TOOLS
-        self.metrics.tool_latency.labels(name if known else "(not allowed)").observe(elapsed)
-        is_error = result.startswith('{"error"')
-        record = {"name": name, "arguments": args, "result": result[:2000], "seconds": round(elapsed, 6),
-                  "error": is_error}
+        real = record["name"]
+        known = real in plan.allowed or (real == name and name in model_tools.BRIDGE_TOOLS)
+        self.metrics.tool_latency.labels(real if known else "(not allowed)").observe(elapsed)
         return result, record
+
+
+def _record(tc: dict[str, Any], result: str, seconds: float, error: bool, **extra: Any) -> dict[str, Any]:
+    """A tool call as the run keeps it: the tool that ran (behind a ``tool_call``, the tool it called, with
+    ``via``), its arguments, the start of its result."""
+    called = tc["function"]["name"]
+    name, arguments = model_tools.real_call(called, tc["function"]["arguments"])
+    record = {"name": name, "arguments": arguments, "result": result[:RECORD_RESULT_CHARS], "seconds": seconds,
+              "error": error, **extra}
+    if name != called:
+        record["via"] = called
+    return record
+
+
+def _with_context(convo: list[dict[str, Any]], context: str) -> list[dict[str, Any]]:
+    """A copy of ``convo`` with ``context`` after the text of its last user message (a new user message when
+    there is none); the messages themselves are not changed."""
+    request = list(convo)
+    for i in range(len(request) - 1, -1, -1):
+        message = request[i]
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # content parts (images): the context is one more text part
+            request[i] = {**message, "content": [*content, {"type": "text", "text": context}]}
+        else:
+            request[i] = {**message, "content": f"{content or ''}\n\n{context}".lstrip()}
+        return request
+    return [*request, {"role": "user", "content": context}]

@@ -16,18 +16,22 @@ from gateway.adapters import build_adapters, receives_on
 from gateway.agent import Agent, build_client, load_sdk_modules
 from gateway.api import api_routes
 from gateway.commands import menu_commands
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.coordination import Coordinator, LocalCoordinator
 from gateway.cron import CronService, StoreCronBackend
 from gateway.dashboard import DashboardContext, mount_dashboard
+from gateway.delegation import Delegation, install_delegation
 from gateway.http import HttpServer
 from gateway.logs import redactor
 from gateway.media.run_media import vision_describer
+from gateway.messaging import install_messaging
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
+from gateway.plugins import PluginParts, enabled_plugin_platforms, load_gateway_plugins
 from gateway.retention import Pruner, check_dedupe_window
 from gateway.router import Router
 from gateway.runs import RunExecutor
+from gateway.session_search import install_session_search
 from gateway.state_stores import PlatformStateStore
 from gateway.status import gateway_summary
 from gateway.store import Store
@@ -37,11 +41,19 @@ from gateway.watchdog import LoopWatchdog
 from platforms.base import AdapterState, BasePlatformAdapter
 from tools.cronjob_tools import set_cron_backend
 from tools.media_tools import set_describer
-from tools.plugins import LoadedPlugins, load_plugins
+from tools.plugins import LoadedPlugins
 from tools.registry import registry
 from tools.sandbox import SandboxPool
 from tools.sandbox.settings import reset_tool_settings
-from toolsets import SOURCE_PREFIXES, TOOLSETS, remove_source_toolset, set_source_toolset
+from tools.send_message_tool import set_messaging_backend
+from tools.session_search_tool import set_session_search_backend
+from toolsets import (
+    SOURCE_PREFIXES,
+    TOOLSETS,
+    remove_source_toolset,
+    set_plugin_platform_toolset,
+    set_source_toolset,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +64,17 @@ def _redact_tool_result(name: str, args: dict[str, Any], result: str) -> str:
 
 
 def install_source_toolsets(cfg: Config, plugins: LoadedPlugins) -> list[str]:
-    """Toolsets of the loaded plugins, plus an empty one (logged) for each mcp-/plugin- toolset the
-    config names that nothing provides, so those runs still start; returns the names created."""
+    """Toolsets of the loaded plugins and ``hermes-<platform>`` of their platforms, plus an empty one (logged)
+    for each mcp-/plugin- toolset the config names that nothing provides, so those runs still start; returns
+    the names created."""
     created: list[str] = []
     for plugin in plugins.statuses:
         if plugin.ok:
             set_source_toolset(plugin.toolset, f"Tools of plugin {plugin.name}.", plugin.tools)
             created.append(plugin.toolset)
+    for platform in plugins.platforms.values():
+        if set_plugin_platform_toolset(platform.name, f"plugin-{platform.plugin}") is not None:
+            created.append(f"hermes-{platform.name}")
     named = {n for names in cfg.toolsets.values() for n in ([names] if isinstance(names, str) else names)}
     for name in sorted(n for n in named if n.startswith(SOURCE_PREFIXES) and n not in TOOLSETS):
         logger.warning("toolset %s is named in the config but no MCP server or plugin provides it", name)
@@ -102,6 +118,7 @@ class Gateway:
         self._client: Any = None
         self.mcp: _Mcp | None = None
         self.plugins: LoadedPlugins | None = None
+        self._plugin_parts = PluginParts()
         self._source_toolsets: list[str] = []
         self._stopped = False
         self._accepting = False  # from serving until draining: what /readyz reports besides the store
@@ -112,6 +129,7 @@ class Gateway:
         self._cron_running = False
         self.pruner: Pruner | None = None
         self.sandbox: SandboxPool | None = None
+        self.delegation: Delegation | None = None
 
     @property
     def port(self) -> int | None:
@@ -125,14 +143,22 @@ class Gateway:
         redactor.add(cfg.secret_values())
         model_tools.register_hook("transform_tool_result", _redact_tool_result)
         check_dedupe_window(cfg)
+        registry.discover_builtin_tools()
+        self.plugins = load_gateway_plugins(cfg)
+        try:
+            plugin_platforms = {} if self.local else enabled_plugin_platforms(cfg, self.plugins)
+        except ConfigError:
+            self.plugins.unload()
+            raise
+        for enabled in plugin_platforms.values():
+            redactor.add(enabled.secrets)
+        self._plugin_parts.install(self.plugins)
         self.store = await Store.open(cfg.store.url)
         if not self.local:
             self.pruner = Pruner(self.store, cfg.store.retention, cfg.limits)
         coordinator = self.coordinator
         coordinator.on_leadership = lambda _leader: self._leadership_changed.set()
         await coordinator.start()
-        registry.discover_builtin_tools()
-        self.plugins = load_plugins(cfg.plugins.dir, entry_points=cfg.plugins.entry_points)
         tool_settings(cfg).apply()
         # Probes the machine (a short subprocess); the workers then start in the background.
         self.sandbox = await asyncio.to_thread(start_sandbox, cfg)
@@ -153,8 +179,9 @@ class Gateway:
         self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time
         await load_sdk_modules()
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
-        agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics)
-        self.adapters = {**({} if self.local else build_adapters(cfg)), **self._extra_adapters}
+        agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics,
+                      max_turn_result_chars=cfg.tools.max_turn_result_chars)
+        self.adapters = {**({} if self.local else build_adapters(cfg, plugin_platforms)), **self._extra_adapters}
         platform_state = PlatformStateStore(self.store)
         for adapter in self.adapters.values():
             adapter.on_rejected = lambda platform, reason: self.metrics.events.labels(platform, reason).inc()
@@ -164,6 +191,7 @@ class Gateway:
                        OutboxSender(self.store, self.adapters, self.metrics, coordinator.replica_id,
                                     sole_sender=coordinator.sole, live_senders=coordinator.live_replicas))
         executor = RunExecutor(cfg, self.store, agent, self.adapters, self.outbox, self.metrics)
+        self.delegation = install_delegation(cfg, agent, executor.plan_for, asyncio.get_running_loop())
         self.router = Router(cfg, self.store, executor, self.outbox, self.adapters, self.metrics, coordinator)
         coordinator.on_locks_lost = self.router.locks_lost
         coordinator.on_stop_request = self.router.stop_requested
@@ -171,6 +199,8 @@ class Gateway:
         executor.cron_hook = self.router.cron = self.cron
         self.router.mcp = self.mcp
         set_cron_backend(StoreCronBackend(self.cron, asyncio.get_running_loop()))
+        install_session_search(cfg, self.store, asyncio.get_running_loop())
+        install_messaging(cfg, self.store, self.adapters, self.outbox, asyncio.get_running_loop())
         if not self.local:
             self.http = HttpServer(cfg.http, self.metrics, self.store, self._readiness, self._summary)
             if cfg.http.api.enabled:
@@ -298,6 +328,8 @@ class Gateway:
             await self._watchdog.stop()
         if self.http is not None:
             await self.http.stop()
+        if self.delegation is not None:  # sub-agents of runs cut short by the drain: before the client closes
+            await self.delegation.stop()
         if self._tool_pool is not None:
             self._tool_pool.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
@@ -311,8 +343,11 @@ class Gateway:
         uninstall_tool_backends()
         set_describer(None)
         set_cron_backend(None)
+        set_session_search_backend(None)
+        set_messaging_backend(None)
         for name in self._source_toolsets:
             remove_source_toolset(name)
+        self._plugin_parts.remove()
         if self.plugins is not None:
             self.plugins.unload()
         model_tools.unregister_hook("transform_tool_result", _redact_tool_result)

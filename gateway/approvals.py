@@ -25,6 +25,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+import model_tools
 from gateway.config import ApprovalMode, Config
 from gateway.schema import approval_grants_t, approvals_t, insert_ignoring_conflicts, outbox_t
 from gateway.store import Store
@@ -156,8 +157,9 @@ class ApprovalGate:
         self._grants: list[str] | None = None
 
     async def check(self, calls: Sequence[dict[str, Any]]) -> list[Verdict]:
-        """A verdict per call, in order."""
-        return [await self._verdict(call["function"]["name"], call["function"]["arguments"]) for call in calls]
+        """A verdict per call, in order (a ``tool_call`` through tool search is judged as the tool it calls)."""
+        return [await self._verdict(*model_tools.real_call(call["function"]["name"], call["function"]["arguments"]))
+                for call in calls]
 
     async def _verdict(self, name: str, arguments: str) -> Verdict:
         dangers = self.policy.dangers(name, arguments, self.mode, self.workspace)

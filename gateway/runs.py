@@ -23,6 +23,7 @@ from gateway.agent import Agent, RunOutcome, message_tokens, trim_history
 from gateway.approvals import ApprovalGate, ApprovalPolicy, insert_approval, new_approval
 from gateway.approvals import prompt as approval_prompt
 from gateway.config import Config
+from gateway.delegation import DelegationScope
 from gateway.limits import RunBudget, Usage, UserBudgets
 from gateway.logs import redactor
 from gateway.media.inbound import RunInput
@@ -209,7 +210,8 @@ class RunExecutor:
 
     def plan_for(self, toolsets: list[str]) -> model_tools.ToolPlan:
         """The tool plan for a run using ``toolsets``."""
-        return model_tools.get_tool_plan(toolsets, tool_search=self.search_cfg)
+        return model_tools.get_tool_plan(toolsets, tool_search=self.search_cfg,
+                                         strict_schemas=self.cfg.tools.sanitize_schemas)
 
     def request_stop(self, run_id: str) -> None:
         """Mark a run as stopped by the user (its task is cancelled by the caller)."""
@@ -370,6 +372,8 @@ class RunExecutor:
                 gate = ApprovalGate(self.approvals, self.store, kind=job.kind, source=job.source,
                                     toolsets=job.toolsets, user_key=user_key, session_key=job.session_key,
                                     workspace=tool_ctx["workspace"])
+                # What delegate_task's sub-agents inherit (gateway/delegation.py).
+                tool_ctx["delegation"] = DelegationScope(tuple(job.toolsets), plan.allowed, model, gate, budget, usage)
                 outcome = await self.agent.run(messages, plan, tool_ctx, on_text=on_text, cancel=cancel,
                                                budget=budget, model=model, usage=usage, steer=self._steer(job),
                                                gate=gate, approved=json.loads(e.metadata.get("approval_calls", "[]")))

@@ -22,7 +22,7 @@ from gateway.db import Database
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 MIGRATION_LOCK_KEY = 0x4845524D4553  # pg_advisory_xact_lock key: one migrating process at a time
 
 metadata = sa.MetaData()
@@ -39,6 +39,7 @@ sessions_t = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),  # the last activity: a chat message's run, or /new
     # The reset policy's last reset (gateway/session_reset.py), as JSON: the run that made it, why, the idle seconds.
     sa.Column("last_reset", sa.Text),
+    sa.Index("ix_sessions_user", "platform", "user_id"),  # a user's own sessions (gateway/session_search.py)
 )
 
 messages_t = sa.Table(
@@ -54,6 +55,45 @@ messages_t = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Index("ix_messages_session", "session_key", "epoch", "id"),
 )
+
+# Full-text search over what users and the assistant said (gateway/session_search.py), which Alembic neither creates
+# nor compares (its names start with MESSAGE_SEARCH_NAMES). SQLite: an FTS5 index of messages.content (external
+# content: the text is stored once), kept in step by triggers; a revision that rebuilds messages (batch mode) must
+# create them again. PostgreSQL: a GIN index of the tsvector of the text's first 100,000 characters (a tsvector holds
+# at most 1 MB: a longer message could not be stored). Both use no language's stemming or stop words.
+SEARCHED_ROLES = ("user", "assistant")
+MESSAGE_SEARCH_NAMES = ("messages_search", "ix_messages_search")
+PG_MESSAGE_VECTOR = "to_tsvector('simple', left(content, 100000))"  # a query must name the index's expression
+_ROLES = ", ".join(f"'{role}'" for role in SEARCHED_ROLES)
+_MESSAGE_SEARCH_DDL: dict[str, tuple[str, ...]] = {
+    "sqlite": (
+        "CREATE VIRTUAL TABLE messages_search USING fts5(content, content='messages', content_rowid='id')",
+        f"CREATE TRIGGER messages_search_insert AFTER INSERT ON messages WHEN new.role IN ({_ROLES}) BEGIN "
+        "INSERT INTO messages_search (rowid, content) VALUES (new.id, new.content); END",
+        f"CREATE TRIGGER messages_search_delete AFTER DELETE ON messages WHEN old.role IN ({_ROLES}) BEGIN "
+        "INSERT INTO messages_search (messages_search, rowid, content) VALUES ('delete', old.id, old.content); END",
+        "CREATE TRIGGER messages_search_update AFTER UPDATE OF role, content ON messages BEGIN "
+        "INSERT INTO messages_search (messages_search, rowid, content) "
+        f"SELECT 'delete', old.id, old.content WHERE old.role IN ({_ROLES}); "
+        f"INSERT INTO messages_search (rowid, content) SELECT new.id, new.content WHERE new.role IN ({_ROLES}); END",
+    ),
+    "postgresql": (
+        f"CREATE INDEX ix_messages_search ON messages USING gin ({PG_MESSAGE_VECTOR}) WHERE role IN ({_ROLES})",
+    ),
+}
+
+
+def create_message_search(conn: Connection, *, backfill: bool) -> None:
+    """Create the message search of the connection's dialect; ``backfill``: also index the messages stored."""
+    for statement in _MESSAGE_SEARCH_DDL[conn.dialect.name]:
+        conn.exec_driver_sql(statement)
+    if backfill and conn.dialect.name == "sqlite":  # a PostgreSQL index covers the rows it is created on
+        conn.exec_driver_sql("INSERT INTO messages_search (rowid, content) "
+                             f"SELECT id, content FROM messages WHERE role IN ({_ROLES})")
+
+
+sa.event.listen(messages_t, "after_create", lambda _table, conn, **_kw: create_message_search(conn, backfill=False))
+sa.event.listen(messages_t, "before_drop", sa.DDL("DROP TABLE IF EXISTS messages_search").execute_if(dialect="sqlite"))
 
 inbox_t = sa.Table(
     "inbox", metadata,

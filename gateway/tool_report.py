@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.app import install_source_toolsets
 from gateway.config import Config
+from gateway.plugins import load_gateway_plugins
 from gateway.tool_sandbox import detect_isolation, sandbox_policy
-from tools.plugins import LoadedPlugins, load_plugins
+from tools.plugins import LoadedPlugins
 from tools.registry import ISOLATION_SANDBOX, registry
 from tools.sandbox import SandboxPool
 from toolsets import (
@@ -90,6 +91,10 @@ def _consumers(cfg: Config) -> Iterator[tuple[str, str, list[str]]]:
         for name, route in cfg.platforms.webhook.routes.items():
             toolsets = [route.toolset] if isinstance(route.toolset, str) else list(route.toolset)
             yield f"webhook:{name}", f"runs of webhook route {name}", toolsets
+    for name, section in cfg.platforms.plugin_sections.items():
+        if section.enabled:
+            toolsets = toolset_for_platform(name, cfg.toolsets)
+            yield name, f"{name} sessions (platform of plugin {section.plugin})", toolsets
     yield "cron", "scheduled runs (cron jobs made from chat)", toolset_for_platform("cron", cfg.toolsets)
 
 
@@ -138,14 +143,14 @@ async def tool_report(cfg: Config, path: Path | None, toolset: str | None = None
         notes = tuple(f"{t}: {note}" for t in toolsets if t.startswith(SOURCE_PREFIXES)
                       and (note := sources.get(t, "no MCP server or plugin of that name provides it")))
         tools = []
-        for tool in resolve_toolset(toolsets, registry.tool_names()):
+        for tool in resolve_toolset(toolsets):
             reason = registry.unavailable_reason(tool, memo)
             entry = registry.get(tool)
             sandboxed = entry is not None and entry.isolation == ISOLATION_SANDBOX and isolation.level != "none"
             tools.append(ToolStatus(tool, reason is None, "sandbox" if sandboxed else "gateway", reason))
         return ToolGroup(name, description, tuple(toolsets), tuple(tools), notes)
 
-    plugins = load_plugins(cfg.plugins.dir, entry_points=cfg.plugins.entry_points)
+    plugins = load_gateway_plugins(cfg)
     try:
         async with _mcp_connected(cfg) as mcp:
             created = install_source_toolsets(cfg, plugins)

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from gateway.config import Config, ConfigError, gateway_home
+from tools.code_execution_tool import CodeExecutionSettings
 from tools.registry import registry
 from tools.sandbox import Isolation, SandboxLimits, SandboxPolicy, SandboxPool, ToolSettings, detect
 
@@ -56,7 +57,10 @@ def detect_isolation(cfg: Config, config_path: Path | None = None) -> Isolation:
 
 def tool_settings(cfg: Config) -> ToolSettings:
     """The process-wide tool settings, as the gateway and every worker apply them."""
-    return ToolSettings(cfg.web.search_url, tuple(cfg.web.allow_private_networks))
+    code = cfg.tools.execute_code
+    return ToolSettings(cfg.web.search_url, tuple(cfg.web.allow_private_networks), execute_code=CodeExecutionSettings(
+        code.max_timeout, min(code.memory_mb, cfg.tools.limits.memory_mb), code.max_tool_calls,
+        cfg.tools.network.get("execute_code", False)))
 
 
 def start_sandbox(cfg: Config) -> SandboxPool | None:
@@ -78,7 +82,8 @@ def start_sandbox(cfg: Config) -> SandboxPool | None:
                        SandboxLimits(limits.timeout, limits.cpu_seconds, limits.memory_mb, limits.open_files,
                                      limits.processes, limits.file_size_mb),
                        settings=tool_settings(cfg), plugins_dir=policy.read_only[0] if policy.read_only else None,
-                       plugin_entry_points=cfg.plugins.entry_points, max_workers=cfg.tools.workers,
+                       plugin_entry_points=cfg.plugins.entry_points,
+                       plugin_allow_override=tuple(cfg.plugins.allow_override), max_workers=cfg.tools.workers,
                        network=cfg.tools.network)
     pool.start()
     registry.sandbox = pool

@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from hypothesis import settings
 from bench.common import scratch_database
 from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.logs import redactor
 from gateway.sim.callback_sink import CallbackSink
 from gateway.sim.model_server import ScriptedModel
 from gateway.sim.telegram_api import TelegramSimulator
@@ -219,6 +220,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_sep("-", section)
         for line in lines:
             terminalreporter.write_line(line)
+
+@pytest.fixture(autouse=True)
+def _redacted_secrets_per_test() -> Iterator[None]:
+    """Each test redacts only its own gateways' secrets. The redactor is process-wide and only ever adds (a process
+    runs one gateway); without this, a secret of an earlier test in the same worker, such as the test PostgreSQL
+    password "hermes", would redact the words of a later one (".hermes/tool_results/...")."""
+    saved = redactor._patterns
+    yield
+    redactor._patterns = saved
+
 
 PG_URL_ENV = "HERMES_TEST_PG_URL"
 

@@ -1,8 +1,9 @@
-"""Toolset resolution: includes, diamonds, cycles, all, unknown names; the webhook restriction."""
+"""Toolset resolution: includes, diamonds, cycles, all, unknown names, plugin platforms; the webhook restriction."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,8 +13,11 @@ from toolsets import (
     Toolset,
     ToolsetError,
     create_custom_toolset,
+    remove_source_toolset,
     resolve_toolset,
     resolve_toolset_traced,
+    set_plugin_platform_toolset,
+    set_source_toolset,
     toolset_for_platform,
     validate_toolset,
 )
@@ -42,10 +46,14 @@ def test_traced_resolution_reports_every_toolset_it_read() -> None:
         "base": Toolset("", ["b"]),
         "unrelated": Toolset("", ["u"]),
     }
-    tools, read = resolve_toolset_traced(["top", "all"], ["z"], toolsets=table)
-    assert tools == ["t", "l", "b", "r", "z"]
-    assert read.keys() == {"top", "left", "right", "base"}
-    assert all(read[name] is table[name] for name in read)
+    tools, read = resolve_toolset_traced(["top", "gone"], toolsets=table)
+    assert tools == ["t", "l", "b", "r"]
+    assert read.keys() == {"top", "left", "right", "base", "gone"}
+    assert all(read[name] is table[name] for name in read if name != "gone")
+    assert read["gone"] is None  # holds while the name stays unknown
+    tools, read = resolve_toolset_traced(["top", "all"], toolsets=table)
+    assert tools == ["t", "l", "b", "r", "u"]
+    assert read.keys() == table.keys()  # all: every toolset of the table
 
 
 def test_cycle_is_cut_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -59,16 +67,59 @@ def test_self_include_cycle() -> None:
     assert resolve_toolset("s", toolsets={"s": Toolset("", ["z"], ["s"])}) == ["z"]
 
 
-def test_all_and_star() -> None:
-    assert resolve_toolset("all", all_tools=["b", "a"]) == ["a", "b"]
-    assert resolve_toolset(["*", "web"], all_tools=["zz"]) == ["zz", "web_search", "web_extract"]
+@pytest.fixture
+def source_toolsets() -> Iterator[list[str]]:
+    """Names of runtime toolsets a test makes, removed at teardown (the table is process-wide)."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        remove_source_toolset(name)
 
 
-def test_unknown_toolset_raises_with_known_names() -> None:
-    with pytest.raises(ToolsetError, match="unknown toolset 'nope'"):
-        resolve_toolset(["web", "nope"])
-    assert not validate_toolset("nope")
+def test_all_and_star_are_the_union_of_every_toolset(source_toolsets: list[str]) -> None:
+    set_source_toolset("plugin-dice", "a plugin's tools", ["roll_dice"])
+    set_source_toolset("mcp-notes", "an MCP server's tools", ["note_add", "read_file"])
+    source_toolsets += ["plugin-dice", "mcp-notes"]
+    union = set().union(*(resolve_toolset(name) for name in TOOLSETS))
+    assert {"roll_dice", "note_add", "terminal", "web_search"} <= union
+    assert resolve_toolset("all") == sorted(union)
+    assert resolve_toolset("*") == resolve_toolset("all")
+    # Named toolsets keep their order; "all" adds what they did not name, sorted.
+    assert resolve_toolset(["web", "all"])[:2] == ["web_search", "web_extract"]
+    assert sorted(resolve_toolset(["web", "all"])) == sorted(union)
+    remove_source_toolset("plugin-dice")
+    assert "roll_dice" not in resolve_toolset("all")
+
+
+def test_unknown_toolset_resolves_to_nothing_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="toolsets"):
+        assert resolve_toolset(["web", "no-such-set"]) == ["web_search", "web_extract"]
+        assert resolve_toolset("no-such-set") == []
+        assert resolve_toolset_traced(["no-such-set"])[1] == {"no-such-set": None}
+    assert [r.getMessage() for r in caplog.records].count(
+        "unknown toolset 'no-such-set' resolves to no tools; known: " + ", ".join(sorted(TOOLSETS))) == 1
+    assert not validate_toolset("no-such-set")
     assert validate_toolset("all") and validate_toolset("hermes-slack")
+
+
+def test_a_plugin_platform_gets_core_plus_its_plugins_tools(source_toolsets: list[str]) -> None:
+    assert resolve_toolset("hermes-relayx") == []  # no such platform yet
+    set_source_toolset("plugin-relayx", "a plugin's tools", ["relay_shout", "read_file"])
+    assert set_plugin_platform_toolset("relayx", "plugin-relayx") is not None
+    source_toolsets += ["plugin-relayx", "hermes-relayx"]
+    assert resolve_toolset("hermes-relayx") == [*resolve_toolset("hermes-core"), "relay_shout"]
+    assert "relay_shout" in resolve_toolset("all")
+    # The plugin's toolset changing (a reload) shows at once.
+    set_source_toolset("plugin-relayx", "a plugin's tools", ["relay_whisper"])
+    assert resolve_toolset("hermes-relayx")[-1] == "relay_whisper"
+    # A toolset defined otherwise is never replaced.
+    telegram = TOOLSETS["hermes-telegram"]
+    assert set_plugin_platform_toolset("telegram", "plugin-relayx") is None
+    assert TOOLSETS["hermes-telegram"] is telegram
+    remove_source_toolset("hermes-relayx")
+    assert "hermes-relayx" not in TOOLSETS
+    remove_source_toolset("hermes-telegram")  # not made for a plugin platform: stays
+    assert TOOLSETS["hermes-telegram"] is telegram
 
 
 def test_platform_sets_and_union() -> None:

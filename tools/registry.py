@@ -28,6 +28,10 @@ AsyncRunner = Callable[[Coroutine[Any, Any, Any]], Any]
 
 CHECK_FN_TTL_SECONDS = 30.0
 DEFAULT_MAX_RESULT_CHARS = 100_000
+# What dispatch hands back at most: a result over its tool's limit reaches ``model_tools`` whole (which stores it
+# in the workspace and shows the model a preview), up to this ceiling. It keeps a runaway tool's output within
+# memory and within a sandbox frame (16 MiB: 2 M characters take at most 12 MB as escaped UTF-8 JSON).
+RESULT_CEILING_CHARS = 2_000_000
 MAX_ERROR_CHARS = 600
 
 # Side effects a tool may declare. Restricted toolsets (webhook runs) are checked
@@ -116,6 +120,11 @@ class ToolEntry:
 
     def __repr__(self) -> str:
         return f"ToolEntry({self.name!r}, toolset={self.toolset!r})"
+
+    @property
+    def result_limit(self) -> int:
+        """The most characters of a result the model sees as is (``max_result_size_chars``, else the default)."""
+        return self.max_result_size_chars or DEFAULT_MAX_RESULT_CHARS
 
 
 def _is_mcp_toolset(toolset: str) -> bool:
@@ -332,10 +341,11 @@ class ToolRegistry:
     # -- dispatch --------------------------------------------------------
 
     def dispatch(self, name: str, args: Mapping[str, Any], **ctx: Any) -> str:
-        """Run a tool and return its result as a string; never raises.
+        """Run a tool and return its whole result as a string (up to ``RESULT_CEILING_CHARS``); never raises.
 
         Sandboxed tools go to ``sandbox`` when one is installed; otherwise the handler runs here, async
-        handlers through ``async_runner`` (``model_tools`` installs its bridge).
+        handlers through ``async_runner`` (``model_tools`` installs its bridge). The tool's own limit
+        (``ToolEntry.result_limit``) is the caller's to apply: ``model_tools`` stores a longer result.
         """
         entry = self.get(name)
         if entry is None:
@@ -344,7 +354,7 @@ class ToolRegistry:
         if entry.isolation == ISOLATION_SANDBOX and sandbox is not None:
             reason = sandbox.unavailable_reason(entry)
             text = tool_error(f"{name} is unavailable: {reason}") if reason else sandbox.run(entry, dict(args), ctx)
-            return truncate_result(text, entry.max_result_size_chars or DEFAULT_MAX_RESULT_CHARS)
+            return truncate_result(text, RESULT_CEILING_CHARS)
         return self.run_here(entry, args, ctx)
 
     def run_here(self, entry: ToolEntry, args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
@@ -358,8 +368,7 @@ class ToolRegistry:
             logger.info("tool %s failed: %s: %s", name, type(exc).__name__, exc)
             return tool_error(f"{name} failed: {type(exc).__name__}: {exc}")
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
-        limit = entry.max_result_size_chars or DEFAULT_MAX_RESULT_CHARS
-        return truncate_result(text, limit)
+        return truncate_result(text, RESULT_CEILING_CHARS)
 
     # -- discovery -------------------------------------------------------
 

@@ -149,15 +149,26 @@ COMMANDS: dict[str, Command] = {}
 ALIASES: set[str] = set()
 
 
+def add_command(entry: Command, aliases: tuple[str, ...] = ()) -> None:
+    """Register ``entry`` as ``/name`` (and its aliases); ValueError when a name is taken."""
+    taken = [key for key in (entry.name, *aliases) if key in COMMANDS]
+    if taken:
+        raise ValueError(f"command /{taken[0]} is registered twice")
+    COMMANDS.update(dict.fromkeys((entry.name, *aliases), entry))
+    ALIASES.update(aliases)
+
+
+def remove_command(entry: Command) -> None:
+    """Unregister a command added with ``add_command`` (a plugin's, when the gateway stops); no-op when absent."""
+    for key in [key for key, value in COMMANDS.items() if value is entry]:
+        del COMMANDS[key]
+        ALIASES.discard(key)
+
+
 def command(name: str, description: str, *, aliases: tuple[str, ...] = (),
             admin_only: bool = False, slow: bool = False) -> Callable[[Handler], Handler]:
     """Register the decorated handler as ``/name`` (and its aliases)."""
     def register(handler: Handler) -> Handler:
-        entry = Command(name, description, handler, admin_only, slow)
-        for key in (name, *aliases):
-            if key in COMMANDS:
-                raise ValueError(f"command /{key} is registered twice")
-            COMMANDS[key] = entry
-        ALIASES.update(aliases)
+        add_command(Command(name, description, handler, admin_only, slow), aliases)
         return handler
     return register

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,6 +18,8 @@ from toolsets import ALL_NAMES, TOOLSETS, resolve_toolset, validate_toolset
 _CHAT_PLATFORMS = ("telegram", "discord", "slack")
 _TOOLSET_PLATFORMS = (*_CHAT_PLATFORMS, "webhook", "cron")
 _PLUGIN_PREFIXES = ("mcp-", "plugin-")
+_RUN_SOURCES = ("cron", "api", "cli")  # where runs come from besides the configured platforms
+_PLATFORM_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # what a plugin's platform may be called
 
 
 
@@ -63,13 +66,23 @@ def _check_http_url(value: str) -> str:
     return value
 
 
-def _unknown_toolsets(names: str | list[str], *, plugins: bool, loc: _Loc = ()) -> list[_Problem]:
+def _unknown_toolsets(names: str | list[str], *, plugins: bool, loc: _Loc = (),
+                      platforms: Iterable[str] | None = None) -> list[_Problem]:
+    """Problems for names no toolset has. With ``plugins``, tool sources' (mcp-, plugin-) pass, and so does
+    ``hermes-<platform>`` of a plugin's platform (in ``platforms``; None: the check is left to the whole config)."""
     items = [(loc, names)] if isinstance(names, str) else [((*loc, i), n) for i, n in enumerate(names)]
-    extra = "; MCP and plugin toolsets start with mcp- or plugin-" if plugins else ""
-    return [_Problem(at, f"unknown toolset {name!r}",
-                     f"{_suggest(name, list(TOOLSETS))}{extra}")
+    extra = ("; MCP and plugin toolsets start with mcp- or plugin-, a plugin platform's is hermes-<platform> "
+             "(with its section platforms.<platform>)") if plugins else ""
+
+    def plugin_platform(name: str) -> bool:
+        platform = name.removeprefix("hermes-")
+        return (name != platform and _PLATFORM_NAME.fullmatch(platform) is not None
+                and (platforms is None or platform in platforms))
+
+    return [_Problem(at, f"unknown toolset {name!r}", f"{_suggest(name, list(TOOLSETS))}{extra}")
             for at, name in items
-            if not (validate_toolset(name) or (plugins and name.startswith(_PLUGIN_PREFIXES)))]
+            if not (validate_toolset(name) or (plugins and (name.startswith(_PLUGIN_PREFIXES)
+                                                            or plugin_platform(name))))]
 
 
 def _tools_of(names: str | list[str]) -> set[str] | None:
@@ -86,9 +99,37 @@ def _widening(names: str | list[str], allowed: set[str] | None) -> list[str]:
     return [t for t in resolve_toolset(names) if t not in allowed]
 
 
+def _platform_shaped(value: str) -> str:
+    if not _PLATFORM_NAME.fullmatch(value):
+        raise _invalid("unknown platform", _suggest(value, _TOOLSET_PLATFORMS))
+    return value
+
+
+def _unknown_platforms(toolsets: Mapping[str, str | list[str]], auth_platforms: Iterable[str], admins: list[str],
+                       plugin_platforms: Iterable[str]) -> list[_Problem]:
+    """Platform names used as ``toolsets`` and ``auth.platforms`` keys, in ``auth.admins`` and in ``hermes-<name>``
+    toolsets that are neither built in (for that use) nor a plugin's platform (one with a ``platforms.<name>``
+    section naming its plugin)."""
+    plugins = tuple(plugin_platforms)
+    hint = "; a plugin's platform needs its section platforms.<name> with plugin: <plugin name>"
+    problems = [_Problem(("toolsets", name), "unknown platform",
+                         _suggest(name, (*_TOOLSET_PLATFORMS, *plugins)) + hint)
+                for name in toolsets if name not in (*_TOOLSET_PLATFORMS, *plugins)]
+    problems += [_Problem(("auth", "platforms", name), "unknown platform",
+                          _suggest(name, (*_CHAT_PLATFORMS, *plugins)) + hint)
+                 for name in auth_platforms if name not in (*_CHAT_PLATFORMS, *plugins)]
+    problems += [_Problem(("auth", "admins", i), f"invalid admin {admin!r}",
+                          f"write <platform>:<user_id>, platform one of {', '.join((*_CHAT_PLATFORMS, *plugins))}")
+                 for i, admin in enumerate(admins) if admin.partition(":")[0] not in (*_CHAT_PLATFORMS, *plugins)]
+    problems += [p for platform, names in toolsets.items()
+                 for p in _unknown_toolsets(names, plugins=True, loc=("toolsets", platform), platforms=plugins)]
+    return problems
+
+
 _StrOrList = Annotated[str | list[str], BeforeValidator(_str_or_list)]
-_AuthPlatform = Annotated[str, _one_of(_CHAT_PLATFORMS, "platform")]
-_ToolsetPlatform = Annotated[str, _one_of(_TOOLSET_PLATFORMS, "platform")]
+# Which names are known is checked with the whole config (``_unknown_platforms``): plugins add platforms.
+_AuthPlatform = Annotated[str, AfterValidator(_platform_shaped)]
+_ToolsetPlatform = Annotated[str, AfterValidator(_platform_shaped)]
 
 
 class _Section(BaseModel):

@@ -1,4 +1,5 @@
-"""The ``platforms`` section: signed webhooks, callback targets, Telegram, Slack and Discord."""
+"""The ``platforms`` section: signed webhooks, callback targets, Telegram, Slack, Discord, the forges, and the
+sections of platforms that plugins provide."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from pydantic import (
 from gateway.config.approvals import ApprovalMode, Patterns
 from gateway.config.base import (
     _CHAT_PLATFORMS,
+    _PLATFORM_NAME,
+    _RUN_SOURCES,
     _check_http_url,
     _context,
     _empty_to_none,
@@ -34,7 +37,7 @@ from gateway.config.base import (
     _widening,
 )
 from gateway.config.discovery import gateway_home
-from gateway.config.errors import _invalid, _Problem, _raise_if
+from gateway.config.errors import _invalid, _Problem, _raise_if, _suggest
 from platforms.forge import FORGES
 from platforms.reaction_rules import reaction_problem
 from platforms.webhook_signatures import DEFAULT_REPLAY_WINDOW, standard_webhooks_key
@@ -556,8 +559,51 @@ class GitLabPlatform(ForgePlatform):
     api_base_url: Annotated[str, AfterValidator(_check_http_url)] = "https://gitlab.com/api/v4"
 
 
+_PLUGIN_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _check_plugin_name(value: str) -> str:
+    if not _PLUGIN_NAME.fullmatch(value):
+        raise _invalid("invalid plugin name", "the plugin's file or package name in plugins.dir, or its entry point's")
+    return value
+
+
+class PluginPlatformSection(_Section):
+    """``platforms.<name>`` of a platform a plugin provides: ``plugin`` names that plugin and ``enabled`` (default
+    true) turns the platform on; the other keys (``settings``) are the plugin's, validated by its config model
+    when the gateway has loaded it (gateway/plugins.py)."""
+
+    plugin: Annotated[str, AfterValidator(_check_plugin_name)]
+    enabled: bool = True
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plugin_keys(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        own = ("plugin", "enabled")
+        return {**{k: data[k] for k in own if k in data},
+                "settings": {k: v for k, v in data.items() if k not in own}}
+
+
+def _plugin_section_problem(name: str, value: Any, builtin: list[str]) -> _Problem | None:
+    if not (isinstance(value, Mapping) and "plugin" in value):
+        return _Problem((name,), "unknown key", f"{_suggest(name, builtin)}; for a plugin's platform, name the "
+                                                f"plugin: platforms.{name}.plugin: <plugin name>")
+    if name in _RUN_SOURCES:
+        return _Problem((name,), "reserved platform name", f"{', '.join(_RUN_SOURCES)} are the gateway's own")
+    if not _PLATFORM_NAME.fullmatch(name):
+        return _Problem((name,), "invalid platform name", "use 1-32 lowercase letters, digits or '_', starting "
+                                                          "with a letter (the name the plugin registers)")
+    return None
+
+
 class Platforms(_Section):
-    """Per-platform settings."""
+    """Per-platform settings; any other key is a plugin's platform (``PluginPlatformSection``)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, PluginPlatformSection] = Field(init=False)
 
     telegram: TelegramPlatform = Field(default_factory=TelegramPlatform)
     discord: DiscordPlatform = Field(default_factory=dict, validate_default=True)  # its default is in the home
@@ -566,6 +612,20 @@ class Platforms(_Section):
     callback: CallbackPlatform = Field(default_factory=CallbackPlatform)
     github: GitHubPlatform = Field(default_factory=GitHubPlatform)
     gitlab: GitLabPlatform = Field(default_factory=GitLabPlatform)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plugin_platforms(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            builtin = list(cls.model_fields)
+            _raise_if([problem for name, value in data.items() if str(name) not in cls.model_fields
+                       and (problem := _plugin_section_problem(str(name), value, builtin))])
+        return data
+
+    @property
+    def plugin_sections(self) -> dict[str, PluginPlatformSection]:
+        """The sections of plugins' platforms, by platform name."""
+        return dict(self.model_extra or {})
 
     @model_validator(mode="after")
     def _forge_tokens_set(self) -> Self:
@@ -589,3 +649,7 @@ class Platforms(_Section):
         ])
         return self
 
+
+
+RESERVED_PLATFORMS = frozenset((*Platforms.model_fields, *_RUN_SOURCES))
+"""Names no plugin's platform may take: the built-in platforms and the gateway's own sources of runs."""

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from gateway.config.approvals import ApprovalSettings
-from gateway.config.base import _Section, _StrOrList, _ToolsetPlatform, _unknown_toolsets
+from gateway.config.base import _Section, _StrOrList, _ToolsetPlatform, _unknown_platforms, _unknown_toolsets
+from gateway.config.delegation import DelegationSettings
 from gateway.config.errors import _raise_if
 from gateway.config.media import MediaSettings
+from gateway.config.messaging import MessagingSettings
 from gateway.config.platforms import Platforms
 from gateway.config.sections import (
     AuthSettings,
@@ -71,6 +73,8 @@ class Config(_Root):
     sessions: SessionPolicy = Field(default_factory=SessionPolicy)
     approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
     media: MediaSettings = Field(default_factory=MediaSettings)
+    messaging: MessagingSettings = Field(default_factory=MessagingSettings)
+    delegation: DelegationSettings = Field(default_factory=DelegationSettings)
 
     @field_validator("toolsets")
     @classmethod
@@ -78,6 +82,21 @@ class Config(_Root):
         _raise_if([p for platform, names in value.items()
                    for p in _unknown_toolsets(names, plugins=True, loc=(platform,))])
         return value
+
+    @model_validator(mode="after")
+    def _known_platforms(self) -> Self:
+        plugins = tuple(self.platforms.plugin_sections)
+        # Sections check their toolset names alone, letting any hermes-<name> through: whether <name> is a plugin's
+        # platform is known only here.
+        named: list[tuple[tuple[str | int, ...], str | list[str]]] = [
+            *((("approvals", "toolsets", name), name) for name in self.approvals.toolsets),
+            (("delegation", "default_toolsets"), self.delegation.default_toolsets),
+            *((("platforms", "webhook", "routes", route, "toolset"), settings.toolset)
+              for route, settings in self.platforms.webhook.routes.items())]
+        _raise_if([*_unknown_platforms(self.toolsets, self.auth.platforms, self.auth.admins, plugins),
+                   *(p for loc, names in named for p in _unknown_toolsets(names, plugins=True, loc=loc,
+                                                                           platforms=plugins))])
+        return self
 
     def masked(self) -> dict[str, Any]:
         """The resolved config as JSON-able data, every secret shown as ``"***"`` (empty ones as null)."""

@@ -26,6 +26,7 @@ from pydantic import (
 
 from gateway.config.base import (
     _CHAT_PLATFORMS,
+    _PLATFORM_NAME,
     _AuthPlatform,
     _check_http_url,
     _context,
@@ -283,8 +284,8 @@ class CommandSettings(_Section):
 
 
 def _check_admin(value: str) -> str:
-    platform, sep, user = value.partition(":")
-    if not sep or not user or platform not in _CHAT_PLATFORMS:
+    platform, sep, user = value.partition(":")  # a plugin's platform is checked with the whole config
+    if not sep or not user or not _PLATFORM_NAME.fullmatch(platform):
         raise _invalid(f"invalid admin {value!r}",
                        f"write <platform>:<user_id>, platform one of {', '.join(_CHAT_PLATFORMS)}")
     return value
@@ -412,10 +413,12 @@ class McpServer(_Section):
 
 
 class PluginSettings(_Section):
-    """Python tool plugins: installed entry points and a directory of .py files."""
+    """Python plugins: installed entry points and a directory of .py files and packages; ``allow_override``
+    names the tools a plugin may replace (besides its own ``override=True``)."""
 
     dir: Path | None = None
     entry_points: bool = True
+    allow_override: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
 
     @field_validator("dir")
     @classmethod
@@ -446,6 +449,14 @@ class SandboxLimitSettings(_Section):
     file_size_mb: int = Field(1024, ge=1)
 
 
+class ExecuteCodeSettings(_Section):
+    """The ``execute_code`` tool's scripts: its sandbox call's limits apply too (its network: tools.network)."""
+
+    max_timeout: float = Field(300.0, gt=0, le=3600)  # the most a script's timeout argument may ask (default 30 s)
+    memory_mb: int = Field(512, ge=64)  # address space of the script, at most tools.limits.memory_mb
+    max_tool_calls: int = Field(50, ge=0, le=10_000)  # tool calls one script may make
+
+
 class ToolsSettings(_Section):
     """Where tools run: the sandbox for commands and untrusted content (see README, Tool sandbox)."""
 
@@ -453,7 +464,13 @@ class ToolsSettings(_Section):
     sandbox_uid: int = Field(65534, ge=1)  # the sandbox's user when the gateway runs as root
     workers: int = Field(8, ge=1, le=64)  # per kind (with and without network); idle ones beyond one are stopped
     limits: SandboxLimitSettings = Field(default_factory=SandboxLimitSettings)
+    execute_code: ExecuteCodeSettings = Field(default_factory=ExecuteCodeSettings)
     network: dict[str, bool] = Field(default_factory=dict)  # per tool: overrides what the tool declares
+    # The characters the results of one model turn give the model together; past it the largest are stored in the
+    # workspace (.hermes/tool_results) and the model sees a preview with the path.
+    max_turn_result_chars: int = Field(200_000, ge=10_000)
+    # Tool schemas cut to the JSON Schema subset strict servers accept (llama.cpp's grammars): for such servers.
+    sanitize_schemas: bool = False
 
 
 class LoggingSettings(_Section):

@@ -123,4 +123,22 @@ def test_the_text_report_has_a_section_per_platform_and_route(tmp_path: Path) ->
 def test_an_unknown_toolset_is_a_usage_error(tmp_path: Path) -> None:
     result = _tools(tmp_path, "--toolset", "nope")
     assert result.returncode == 2
-    assert result.stderr.startswith("error: unknown toolset 'nope'; known: clarify, cronjob"), result.stderr
+    assert result.stderr.startswith("error: unknown toolset 'nope'; known: clarify, code_execution, cronjob"), \
+        result.stderr
+
+
+def test_a_plugin_platform_gets_its_automatic_toolset(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "store": {"url": f"sqlite:///{tmp_path}/state.db"},
+        "plugins": {"dir": str(ROOT / "examples" / "plugins"), "entry_points": False},
+        "platforms": {"relay": {"plugin": "relay", "url": "http://127.0.0.1:9", "token": "relay-token"}},
+    }))
+    result = _tools(tmp_path, "--config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    relay = _by_name(report["consumers"])["relay"]
+    assert (relay["toolsets"], relay["description"]) == (["hermes-relay"], "relay sessions (platform of plugin relay)")
+    core = _tools_of(_by_name(report["toolsets"])["hermes-core"])
+    assert _tools_of(relay) == {**core, "relay_shout": (True, "sandbox", None)}
+    assert report["plugins"]["relay"]["platforms"] == ["relay"]

@@ -12,7 +12,9 @@ import pytest
 
 from tools.registry import (
     CHECK_FN_TTL_SECONDS,
+    DEFAULT_MAX_RESULT_CHARS,
     EFFECT_WRITES_FILES,
+    RESULT_CEILING_CHARS,
     ToolRegistry,
     sanitize_error_text,
     tool_error,
@@ -207,11 +209,17 @@ def test_dispatch_sanitizes_exceptions(reg: ToolRegistry) -> None:
     assert len(err) <= 600
 
 
-def test_dispatch_truncates_long_results(reg: ToolRegistry) -> None:
-    reg.register("big", "x", _schema("big"), lambda args, **ctx: "x" * 5000, max_result_size_chars=1000)
+def test_dispatch_returns_results_whole_up_to_the_ceiling(reg: ToolRegistry) -> None:
+    """The tool's own limit is model_tools' to apply (it stores a longer result): dispatch cuts only at the ceiling."""
+    size = {"n": 5000}
+    reg.register("big", "x", _schema("big"), lambda args, **ctx: "x" * size["n"], max_result_size_chars=1000)
+    reg.register("plain", "x", _schema("plain"), _handler)
+    assert reg.dispatch("big", {}) == "x" * 5000
+    assert reg.get("big").result_limit == 1000 and reg.get("plain").result_limit == DEFAULT_MAX_RESULT_CHARS
+    size["n"] = RESULT_CEILING_CHARS + 1
     out = reg.dispatch("big", {})
-    assert len(out) == 1000
-    assert out.endswith("[... truncated: showing 1000 of 5000 characters]")
+    assert len(out) == RESULT_CEILING_CHARS
+    assert out.endswith(f"[... truncated: showing {RESULT_CEILING_CHARS} of {RESULT_CEILING_CHARS + 1} characters]")
 
 
 def test_async_handler_through_runner(reg: ToolRegistry) -> None:

@@ -13,6 +13,7 @@ from tools.registry import (
     CHECK_FN_TTL_SECONDS,
     ISOLATION_PROCESS,
     MAX_ERROR_CHARS,
+    RESULT_CEILING_CHARS,
     ToolEntry,
     ToolRegistry,
     sanitize_error_text,
@@ -97,13 +98,16 @@ def test_a_sandboxed_tool_the_sandbox_cannot_run_is_an_error_naming_why(reg: Too
     assert sandbox.runs == []
 
 
-def test_a_sandboxed_result_is_cut_to_the_tools_limit(reg: ToolRegistry) -> None:
-    """Kills dispatch's ``truncate_result(text, None)``, ``(text, )``, ``(None, ...)`` and
-    ``max_result_size_chars and DEFAULT_MAX_RESULT_CHARS`` (the tool's own limit ignored)."""
+def test_a_sandboxed_result_comes_whole_up_to_the_ceiling(reg: ToolRegistry) -> None:
+    """Kills dispatch's ``truncate_result(text, None)``, ``(text, )`` and ``(None, ...)``; a result over the tool's
+    own limit comes whole (model_tools stores it), one over the ceiling is cut there."""
     reg.sandbox = FakeSandbox(answer="x" * 500)
     reg.register("probe", "file", _schema("probe"), _here, max_result_size_chars=200)
+    assert reg.dispatch("probe", {}) == "x" * 500
+    reg.sandbox = FakeSandbox(answer="x" * (RESULT_CEILING_CHARS + 500))
     text = reg.dispatch("probe", {})
-    assert len(text) == 200 and text.endswith("[... truncated: showing 200 of 500 characters]")
+    assert len(text) == RESULT_CEILING_CHARS
+    assert text.endswith(f"[... truncated: showing {RESULT_CEILING_CHARS} of {RESULT_CEILING_CHARS + 500} characters]")
 
 
 def test_availability_asks_the_sandbox_for_sandboxed_tools_only(reg: ToolRegistry) -> None:

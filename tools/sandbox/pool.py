@@ -153,9 +153,14 @@ def exit_text(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
+def _plain(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool) or value is None
+
+
 def _plain_ctx(ctx: Mapping[str, Any]) -> dict[str, Any]:
-    """The run's context as the worker gets it: plain values only (no events, no objects)."""
-    return {k: v for k, v in ctx.items() if isinstance(v, str | int | float | bool) or v is None}
+    """The run's context as the worker gets it: plain values and lists of them only (no events, no objects)."""
+    return {k: list(v) if isinstance(v, list | tuple) else v for k, v in ctx.items()
+            if _plain(v) or (isinstance(v, list | tuple) and all(map(_plain, v)))}
 
 
 class SandboxPool:
@@ -163,7 +168,7 @@ class SandboxPool:
 
     def __init__(self, isolation: Isolation, policy: SandboxPolicy, limits: SandboxLimits | None = None, *,
                  settings: ToolSettings | None = None, plugins_dir: Path | None = None,
-                 plugin_entry_points: bool = True, max_workers: int = 8,
+                 plugin_entry_points: bool = True, plugin_allow_override: tuple[str, ...] = (), max_workers: int = 8,
                  network: Mapping[str, bool] | None = None) -> None:
         self.isolation = isolation
         self.policy = policy
@@ -171,6 +176,7 @@ class SandboxPool:
         self.settings = settings or ToolSettings()
         self.plugins_dir = plugins_dir
         self.plugin_entry_points = plugin_entry_points
+        self.plugin_allow_override = plugin_allow_override  # workers load the plugins the gateway loads
         self.max_workers = max_workers
         self.network = dict(network or {})
         self._as_root = os.geteuid() == 0
@@ -240,8 +246,10 @@ class SandboxPool:
 
     def _timeout_for(self, entry: ToolEntry, args: Mapping[str, Any]) -> float:
         timeout = self.limits.timeout
-        own = args.get("timeout")
         params = (entry.schema.get("parameters") or {}).get("properties") or {}
+        spec = params.get("timeout")
+        # Absent, the tool's own timeout is its schema's default (execute_code's, which its handler enforces).
+        own = args.get("timeout", spec.get("default") if isinstance(spec, Mapping) else None)
         if "timeout" in params and isinstance(own, int | float) and not isinstance(own, bool) and own > 0:
             timeout = max(timeout, float(own) + _TIMEOUT_GRACE_SECONDS)
         return min(timeout, _MAX_CALL_SECONDS)
@@ -284,7 +292,8 @@ class SandboxPool:
                 "own_pid_namespace": namespaces,
                 "limits": asdict(self.limits), "settings": self.settings.to_dict(),
                 "plugins": {"dir": str(self.plugins_dir) if self.plugins_dir else None,
-                            "entry_points": self.plugin_entry_points}}
+                            "entry_points": self.plugin_entry_points,
+                            "allow_override": list(self.plugin_allow_override)}}
 
     def _new_worker(self, network: bool) -> _Worker:
         self._prepare_workspace()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tools.code_execution_tool import CodeExecutionSettings, configure_execute_code
 from tools.url_safety import configure_url_safety
 from tools.web_tools import configure_web_search
 
@@ -15,11 +16,13 @@ class ToolSettings:
 
     web_search_url: str | None = None
     allow_private_networks: tuple[str, ...] = ()
+    execute_code: CodeExecutionSettings = field(default_factory=CodeExecutionSettings)
 
     def apply(self) -> None:
         """Configure this process's tools."""
         configure_web_search(self.web_search_url)
         configure_url_safety(self.allow_private_networks)
+        configure_execute_code(self.execute_code)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -28,7 +31,8 @@ class ToolSettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolSettings:
         """Inverse of ``to_dict``."""
-        return cls(data.get("web_search_url"), tuple(data.get("allow_private_networks") or ()))
+        return cls(data.get("web_search_url"), tuple(data.get("allow_private_networks") or ()),
+                   execute_code=CodeExecutionSettings(**data.get("execute_code") or {}))
 
 
 def reset_tool_settings() -> None:

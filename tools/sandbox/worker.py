@@ -157,7 +157,8 @@ def serve() -> int:
     registry.discover_builtin_tools()
     plugins = setup.get("plugins") or {}
     directory = plugins.get("dir")
-    load_plugins(Path(directory) if directory else None, entry_points=bool(plugins.get("entry_points")))
+    load_plugins(Path(directory) if directory else None, entry_points=bool(plugins.get("entry_points")),
+                 allow_override=plugins.get("allow_override") or ())
     drop_privileges(setup.get("uid"), setup.get("gid"))
     ToolSettings.from_dict(setup.get("settings") or {}).apply()
     isolated = bool(setup.get("own_pid_namespace"))  # bubblewrap: its own PID namespace and /tmp
