@@ -213,9 +213,8 @@ async def test_query_text_is_never_database_syntax(store_url: str, text: str) ->
         await store.close()
 
 
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)  # the GIN index is PostgreSQL's
 async def test_postgresql_finds_matches_through_the_index(store_url: str) -> None:
-    if not store_url.startswith("postgresql"):
-        pytest.skip("the GIN index is PostgreSQL's")
     store = await Store.open(store_url)
     try:
         def a_long_history(conn: Connection) -> None:  # a user with many messages, a few of them matching
