@@ -22,7 +22,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from tools.registry import EFFECT_SCHEDULES, ISOLATION_PROCESS, registry, tool_error, tool_result
+from tools.registry import EFFECT_SCHEDULES, ISOLATION_PROCESS, BackendSlot, registry, tool_error, tool_result
 
 ScheduleKind = Literal["cron", "interval", "once"]
 NOTIFY_MODES = ("always", "on_change")
@@ -391,18 +391,11 @@ class CronBackend(Protocol):
         ...
 
 
-_backend: CronBackend | None = None
+_slot: BackendSlot[CronBackend | None] = BackendSlot(None)
+# Point the tool at the gateway's scheduler (None: scheduling unavailable).
+set_cron_backend = _slot.set
+get_cron_backend = _slot.get
 
-
-def set_cron_backend(backend: CronBackend | None) -> None:
-    """Point the tool at the gateway's scheduler (None: scheduling unavailable)."""
-    global _backend
-    _backend = backend
-
-
-def get_cron_backend() -> CronBackend | None:
-    """The backend the tool currently uses."""
-    return _backend
 
 
 # -- the tool ---------------------------------------------------------------
@@ -545,7 +538,7 @@ _ACTIONS: dict[str, Callable[[CronBackend, Mapping[str, Any], Mapping[str, Any],
 
 def _cronjob(args: dict[str, Any], **ctx: Any) -> str:
     """Handler of the ``cronjob`` tool."""
-    backend = _backend
+    backend = _slot.get()
     if backend is None:
         return tool_error("Scheduling is not available here: no scheduler is running.")
     user_key = ctx.get("user_key")

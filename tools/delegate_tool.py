@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from tools.registry import ISOLATION_PROCESS, KNOWN_EFFECTS, registry, tool_error, tool_result
+from tools.registry import ISOLATION_PROCESS, KNOWN_EFFECTS, BackendSlot, registry, tool_error, tool_result
 
 MAX_GOAL_CHARS = 4_000
 MAX_CONTEXT_CHARS = 20_000
@@ -65,18 +65,11 @@ class DelegationBackend(Protocol):
         ...
 
 
-_backend: DelegationBackend | None = None
+_slot: BackendSlot[DelegationBackend | None] = BackendSlot(None)
+# Point the tool at the gateway's sub-agent runner (None: delegation unavailable).
+set_delegation_backend = _slot.set
+get_delegation_backend = _slot.get
 
-
-def set_delegation_backend(backend: DelegationBackend | None) -> None:
-    """Point the tool at the gateway's sub-agent runner (None: delegation unavailable)."""
-    global _backend
-    _backend = backend
-
-
-def get_delegation_backend() -> DelegationBackend | None:
-    """The backend the tool currently uses."""
-    return _backend
 
 
 # -- arguments --------------------------------------------------------------
@@ -131,7 +124,7 @@ def _parse_tasks(args: Mapping[str, Any], limits: DelegationLimits) -> list[SubT
 
 
 def _delegate(args: dict[str, Any], **ctx: Any) -> str:
-    backend = _backend
+    backend = _slot.get()
     if backend is None:
         return tool_error("delegate_task is unavailable: it runs only inside the gateway, which runs the sub-agents.")
     tasks = _parse_tasks(args, backend.limits)
@@ -199,7 +192,7 @@ SCHEMA: dict[str, Any] = {
 
 
 def _schema_overrides() -> dict[str, Any]:
-    limits = _backend.limits if _backend is not None else DelegationLimits()
+    limits = backend.limits if (backend := _slot.get()) is not None else DelegationLimits()
     parameters = copy.deepcopy(SCHEMA["parameters"])
     parameters["properties"]["tasks"]["description"] = _describe_tasks(limits)
     return {"description": _describe(limits), "parameters": parameters}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from tools.registry import EFFECT_WRITES_STATE, ISOLATION_PROCESS, registry, tool_error, tool_result
+from tools.registry import EFFECT_WRITES_STATE, ISOLATION_PROCESS, BackendSlot, registry, tool_error, tool_result
 
 MAX_NOTE_CHARS = 2_000
 MAX_NOTES_PER_USER = 200
@@ -76,18 +76,11 @@ class InMemoryMemoryBackend:
         return False
 
 
-_backend: MemoryBackend = InMemoryMemoryBackend()
+_slot: BackendSlot[MemoryBackend] = BackendSlot(InMemoryMemoryBackend())
+# Make the memory tool store notes in ``backend`` (the gateway plugs its database in here).
+set_memory_backend = _slot.set
+get_memory_backend = _slot.get
 
-
-def set_memory_backend(backend: MemoryBackend) -> None:
-    """Make the memory tool store notes in ``backend`` (the gateway plugs its database in here)."""
-    global _backend
-    _backend = backend
-
-
-def get_memory_backend() -> MemoryBackend:
-    """The backend the memory tool currently stores notes in."""
-    return _backend
 
 
 def _note_json(note: MemoryNote) -> dict[str, str]:
@@ -156,7 +149,7 @@ def _memory(args: dict[str, Any], **ctx: Any) -> str:
     run = _ACTIONS.get(action) if isinstance(action, str) else None
     if run is None:
         return tool_error(f"Unknown action {action!r}; use one of: {', '.join(_ACTIONS)}.")
-    return run(_backend, user_key, args)
+    return run(_slot.get(), user_key, args)
 
 
 registry.register(

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -463,6 +463,31 @@ def tool_result(data: Any = None, **fields: Any) -> str:
     else:
         payload = data
     return json.dumps(payload, ensure_ascii=False, default=str)
+
+
+B = TypeVar("B")
+
+
+class BackendSlot(Generic[B]):
+    """Where the gateway plugs in what a tool works on (its scheduler, database, outbox ...), so the tool module
+    imports nothing of the gateway. A change drops the registry's cached ``check_fn`` answers: tools whose
+    ``check_fn`` is ``installed`` appear and disappear with their backend."""
+
+    def __init__(self, default: B) -> None:
+        self._backend = default
+
+    def set(self, backend: B) -> None:
+        """Use ``backend`` from now on."""
+        self._backend = backend
+        registry.invalidate_check_fn_cache()
+
+    def get(self) -> B:
+        """The backend in use."""
+        return self._backend
+
+    def installed(self) -> bool:
+        """Whether a backend is plugged in (a ``check_fn``)."""
+        return self._backend is not None
 
 
 registry = ToolRegistry()

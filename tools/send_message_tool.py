@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tools.registry import EFFECT_SENDS_MESSAGES, ISOLATION_PROCESS, registry, tool_error, tool_result
+from tools.registry import EFFECT_SENDS_MESSAGES, ISOLATION_PROCESS, BackendSlot, registry, tool_error, tool_result
 
 MAX_MESSAGE_CHARS = 8_000
 ACTIONS = ("send", "list")
@@ -63,18 +63,10 @@ class MessagingBackend(Protocol):
         ...
 
 
-_backend: MessagingBackend | None = None
+_slot: BackendSlot[MessagingBackend | None] = BackendSlot(None)
+# Send through ``backend`` (the gateway plugs its outbox in here); None makes the tool unavailable.
+set_messaging_backend = _slot.set
 
-
-def set_messaging_backend(backend: MessagingBackend | None) -> None:
-    """Send through ``backend`` (the gateway plugs its outbox in here); None makes the tool unavailable."""
-    global _backend
-    _backend = backend
-    registry.invalidate_check_fn_cache()  # the availability answer is cached
-
-
-def _backend_installed() -> bool:
-    return _backend is not None
 
 
 def _described(target: MessageTarget) -> dict[str, str]:
@@ -96,7 +88,7 @@ def _send(backend: MessagingBackend, sender: Sender, args: dict[str, Any]) -> st
 
 def _send_message(args: dict[str, Any], **ctx: Any) -> str:
     """Handler of the ``send_message`` tool."""
-    backend, user_key, run_id = _backend, ctx.get("user_key"), ctx.get("run_id")
+    backend, user_key, run_id = _slot.get(), ctx.get("user_key"), ctx.get("run_id")
     if backend is None or not user_key or not run_id:
         return tool_error("Sending messages is unavailable here: there is no user, run or outbox.")
     sender = Sender(str(user_key), str(run_id), str(ctx.get("platform") or ""))
@@ -134,7 +126,7 @@ registry.register(
         },
     },
     handler=_send_message,
-    check_fn=_backend_installed,
+    check_fn=_slot.installed,
     isolation=ISOLATION_PROCESS,  # the gateway's own outbox
     effects=[EFFECT_SENDS_MESSAGES],
     emoji="📨",

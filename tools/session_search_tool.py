@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
-from tools.registry import ISOLATION_PROCESS, registry, tool_error, tool_result
+from tools.registry import ISOLATION_PROCESS, BackendSlot, registry, tool_error, tool_result
 
 MAX_QUERY_CHARS = 500
 DEFAULT_LIMIT = 5
@@ -57,18 +57,10 @@ class SessionSearchBackend(Protocol):
         ...
 
 
-_backend: SessionSearchBackend | None = None
+_slot: BackendSlot[SessionSearchBackend | None] = BackendSlot(None)
+# Search in ``backend`` (the gateway plugs its database in here); None makes the tool unavailable.
+set_session_search_backend = _slot.set
 
-
-def set_session_search_backend(backend: SessionSearchBackend | None) -> None:
-    """Search in ``backend`` (the gateway plugs its database in here); None makes the tool unavailable."""
-    global _backend
-    _backend = backend
-    registry.invalidate_check_fn_cache()  # the availability answer is cached
-
-
-def _backend_installed() -> bool:
-    return _backend is not None
 
 
 class _BadArgument(ValueError):
@@ -86,7 +78,7 @@ def _int_arg(args: Mapping[str, Any], name: str, default: int, low: int, high: i
 
 def _session_search(args: dict[str, Any], **ctx: Any) -> str:
     """Handler of the ``session_search`` tool."""
-    backend, user_key = _backend, ctx.get("user_key")
+    backend, user_key = _slot.get(), ctx.get("user_key")
     if backend is None or not user_key:
         return tool_error("Searching past conversations is unavailable here: there is no user or no store.")
     query = args.get("query")
@@ -133,7 +125,7 @@ registry.register(
         },
     },
     handler=_session_search,
-    check_fn=_backend_installed,
+    check_fn=_slot.installed,
     isolation=ISOLATION_PROCESS,  # reads the gateway's own database
     emoji="🔎",
 )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from tools.registry import EFFECT_WRITES_STATE, ISOLATION_PROCESS, registry, tool_error, tool_result
+from tools.registry import EFFECT_WRITES_STATE, ISOLATION_PROCESS, BackendSlot, registry, tool_error, tool_result
 
 MAX_ITEMS = 100
 MAX_TEXT_CHARS = 500
@@ -76,18 +76,11 @@ class InMemoryTodoBackend:
                 self._lists.pop(session_key, None)
 
 
-_backend: TodoBackend = InMemoryTodoBackend()
+_slot: BackendSlot[TodoBackend] = BackendSlot(InMemoryTodoBackend())
+# Make the todo tool store lists in ``backend`` (the gateway plugs its database in here).
+set_todo_backend = _slot.set
+get_todo_backend = _slot.get
 
-
-def set_todo_backend(backend: TodoBackend) -> None:
-    """Make the todo tool store lists in ``backend`` (the gateway plugs its database in here)."""
-    global _backend
-    _backend = backend
-
-
-def get_todo_backend() -> TodoBackend:
-    """The backend the todo tool currently stores lists in."""
-    return _backend
 
 
 # One model turn may carry several parallel todo calls for the same session; each is a
@@ -210,11 +203,11 @@ def _todo(args: dict[str, Any], **ctx: Any) -> str:
     if run is None:
         return tool_error(f"Unknown action {action!r}; use one of: {', '.join(_ACTIONS)}.")
     with _session_lock(session_key):
-        items = _backend.load(session_key)
+        items = _slot.get().load(session_key)
         if problem := run(items, args):
             return tool_error(problem)
         if run is not _list:
-            _backend.save(session_key, items)
+            _slot.get().save(session_key, items)
     return tool_result(
         summary=_summary(items),
         items=[{"id": item.id, "status": str(item.status), "text": item.text} for item in items],
