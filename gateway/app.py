@@ -28,7 +28,7 @@ from gateway.messaging import install_messaging
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
 from gateway.plugins import PluginParts, enabled_plugin_platforms, load_gateway_plugins
-from gateway.retention import Pruner, check_dedupe_window
+from gateway.retention import Pruner, ResultPruner, check_dedupe_window
 from gateway.router import Router
 from gateway.runs import RunExecutor
 from gateway.session_search import install_session_search
@@ -128,6 +128,7 @@ class Gateway:
         self._leadership_task: asyncio.Task[None] | None = None
         self._cron_running = False
         self.pruner: Pruner | None = None
+        self.result_pruner = ResultPruner(cfg.gateway.workspace, cfg.store.retention)
         self.sandbox: SandboxPool | None = None
         self.delegation: Delegation | None = None
 
@@ -156,6 +157,7 @@ class Gateway:
         self.store = await Store.open(cfg.store.url)
         if not self.local:
             self.pruner = Pruner(self.store, cfg.store.retention, cfg.limits)
+        self.result_pruner.start()
         coordinator = self.coordinator
         coordinator.on_leadership = lambda _leader: self._leadership_changed.set()
         await coordinator.start()
@@ -302,6 +304,7 @@ class Gateway:
             await self.cron.stop()
         if self.pruner is not None:
             await self.pruner.stop()
+        await self.result_pruner.stop()
         for name, adapter in self.adapters.items():  # hand single connections over to another replica early
             try:
                 await adapter.stop_receiving()

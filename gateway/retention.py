@@ -13,6 +13,8 @@ What goes, each kind after its own window (``RetentionSettings``):
   parts the platform may have received (``in_doubt``) stay.
 - **usage**: ``run_usage`` rows older than the window, but never the current or the previous month (``/usage``).
 - expired pairing codes and failed-approval records once they no longer count for rate limits or lockouts.
+- **tool_results**: long tool results stored in the workspace (``ResultPruner``, on every replica: each may have
+  its own workspace), a run's directory once its last result is older than the window.
 
 Each batch is one short write (``batch_size`` rows, found by key ranges and the status indexes, so no batch
 scans the table); the loop runs on the leader only and yields between batches. On SQLite the freed pages are
@@ -31,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -59,6 +62,7 @@ from gateway.schema import (
 )
 from gateway.shared_limits import BUDGET_MINUTES
 from gateway.store import FINAL_RUN_STATES, Store
+from tools.result_store import prune_results
 
 logger = logging.getLogger(__name__)
 
@@ -358,6 +362,39 @@ class Pruner:
                                 ", ".join(f"{n} {k}" for k, n in report.rows.items() if n), report.batches)
             except Exception:
                 logger.exception("retention: prune failed (retried in %gs)", self.rules.interval)
+            await asyncio.sleep(self.rules.interval)
+
+
+class ResultPruner:
+    """Every ``rules.interval`` seconds, the long tool results stored in ``workspace`` (``tools.result_store``) that
+    are older than ``rules.tool_results`` go. On every replica, not only the leader: each may have its own
+    workspace."""
+
+    def __init__(self, workspace: Path, rules: RetentionSettings) -> None:
+        self.workspace = workspace
+        self.rules = rules
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the loop (its first prune at once); nothing to do when results are kept forever."""
+        if self._task is None and self.rules.tool_results is not None:
+            self._task = asyncio.create_task(self._loop(self.rules.tool_results), name="retention-tool-results")
+
+    async def stop(self) -> None:
+        """Stop the loop."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _loop(self, window: float) -> None:
+        while True:
+            try:
+                removed = await asyncio.to_thread(prune_results, self.workspace, window)
+                if removed:
+                    logger.info("retention: removed the stored tool results of %d runs", removed)
+            except Exception:
+                logger.exception("retention: pruning stored tool results failed (retried in %gs)", self.rules.interval)
             await asyncio.sleep(self.rules.interval)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import time
 from pathlib import Path
 
 from tools.registry import tool_result
@@ -71,6 +73,38 @@ def _enter(parent: int, name: str) -> int:
             os.close(fd)
             raise
     return fd
+
+
+def prune_results(workspace: str | os.PathLike[str], older_than: float, now: float | None = None) -> int:
+    """Remove the runs' result directories last changed more than ``older_than`` seconds before ``now``; how many.
+
+    Nothing on the way is followed if it is a symlink (the sandboxed tools may have planted one), and what is in
+    a run's directory goes with it whatever it is (``shutil.rmtree`` works through file descriptors here).
+    """
+    cutoff = (time.time() if now is None else now) - older_than
+    try:
+        fd = os.open(Path(workspace).expanduser(), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    try:
+        for part in RESULTS_DIR:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                return 0  # never stored anything, or not ours to walk (a symlink)
+            os.close(fd)
+            fd = child
+        for entry in os.scandir(fd):
+            if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                try:
+                    shutil.rmtree(entry.name, dir_fd=fd)
+                except FileNotFoundError:
+                    continue  # another replica sharing the workspace took it first
+                removed += 1
+    finally:
+        os.close(fd)
+    return removed
 
 
 def _safe(text: str, fallback: str) -> str:

@@ -60,10 +60,12 @@ class RetentionSettings(_Section):
     transcripts: float | None = 90 * 86400.0
     outbox: float | None = 7 * 86400.0
     usage: float | None = 400 * 86400.0
+    tool_results: float | None = 7 * 86400.0  # long tool results stored in the workspace (.hermes/tool_results)
     interval: float = 600.0
     batch_size: int = Field(500, ge=1, le=10_000)
 
-    @field_validator("events", "cron_fires", "dedupe", "transcripts", "outbox", "usage", mode="before")
+    @field_validator("events", "cron_fires", "dedupe", "transcripts", "outbox", "usage", "tool_results",
+                     mode="before")
     @classmethod
     def _kept_for(cls, value: Any) -> float | None:
         return _duration(value, forever=True)

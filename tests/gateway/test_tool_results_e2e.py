@@ -5,10 +5,13 @@ metrics and progress, the per-turn cap, the approval gate judging the tool behin
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
+import os
 import re
 import textwrap
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -125,6 +128,31 @@ async def test_a_turns_results_over_the_cap_are_stored_largest_first(make_gatewa
     assert shown["call_5000"] == report(5_000) and shown["call_1000"] == report(1_000)
     assert sum(map(len, shown.values())) <= 10_000
     assert run["tool_calls"][0]["result"].startswith('{"saved_to"')  # the record holds what the model saw
+
+
+async def test_stored_results_older_than_the_retention_window_are_removed(make_gateway: GatewayFactory,
+                                                                          tmp_path: Path) -> None:
+    """``store.retention.tool_results``: a run's stored results go once the newest is older than the window; a
+    younger run's stay, and so does anything a tool links there (the link is removed, never followed)."""
+    def model(request: JSON) -> Turn:
+        if request["messages"][-1]["role"] == "user":
+            return tool_calls([ToolCall("bulk_output", json.dumps({"size": 200_000}), "call_big")])
+        return text("stored")
+
+    h = await make_gateway(_with_bulk(tmp_path, store={"retention": {"tool_results": "1h", "interval": "0.1s"}}),
+                           responder=model)
+    results = tmp_path / "workspace" / ".hermes" / "tool_results"
+    old, new = (await _reply(h, "a report")), (await _reply(h, "another report"))
+    keep = tmp_path / "outside.txt"
+    keep.write_text("not the gateway's to remove")
+    (results / old["id"] / "link").symlink_to(keep)
+    two_hours_ago = time.time() - 7200
+    os.utime(results / old["id"], (two_hours_ago, two_hours_ago))
+    async with asyncio.timeout(10):  # the pruner's next round (every 0.1 s)
+        while (results / old["id"]).exists():
+            await asyncio.sleep(0.05)
+    assert (results / new["id"] / "call_big.txt").read_text(encoding="utf-8") == report(200_000)
+    assert keep.read_text() == "not the gateway's to remove"
 
 
 async def test_the_approval_gate_judges_the_tool_behind_tool_call(make_gateway: GatewayFactory,
