@@ -27,7 +27,7 @@ from gateway.media.run_media import vision_describer
 from gateway.messaging import install_messaging
 from gateway.metrics import Metrics
 from gateway.outbox import OutboxSender
-from gateway.plugins import PluginParts, enabled_plugin_platforms, load_gateway_plugins
+from gateway.plugins import PluginParts, check_with_plugins, load_gateway_plugins
 from gateway.retention import Pruner, ResultPruner, check_dedupe_window
 from gateway.router import Router
 from gateway.runs import RunExecutor
@@ -147,7 +147,7 @@ class Gateway:
         registry.discover_builtin_tools()
         self.plugins = load_gateway_plugins(cfg)
         try:
-            plugin_platforms = {} if self.local else enabled_plugin_platforms(cfg, self.plugins)
+            plugin_platforms = check_with_plugins(cfg, self.plugins, platforms=not self.local)
         except ConfigError:
             self.plugins.unload()
             raise

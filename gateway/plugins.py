@@ -2,7 +2,8 @@
 
 ``load_gateway_plugins`` loads the configured plugins under the operator's rules (``plugins.allow_override``;
 the built-in platform and command names stay the gateway's). ``enabled_plugin_platforms`` validates each
-enabled ``platforms.<name>`` plugin section by its plugin's own config model, errors naming the key path.
+enabled ``platforms.<name>`` plugin section by its plugin's own config model, errors naming the key path;
+``check_with_plugins`` adds the command names of ``commands`` (a plugin's are only known once it has loaded).
 ``PluginParts`` installs the plugins' commands (routed like the built-in ones) and hooks (``model_tools``) at
 start and takes them out at stop. The adapters are built by ``gateway.adapters.build_adapters``.
 """
@@ -20,7 +21,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 import model_tools
 from gateway.commands.base import COMMANDS, Command, CommandContext, Handler, add_command, remove_command
 from gateway.config import Config, ConfigError
-from gateway.config.errors import _SECRET_FIELDS, from_validation_error
+from gateway.config.errors import _SECRET_FIELDS, _suggest, from_validation_error
 from gateway.config.platforms import RESERVED_PLATFORMS, PluginPlatformSection
 from tools.plugins import LoadedPlugins, PluginCommand, PluginPlatform, load_plugins
 
@@ -86,6 +87,33 @@ def enabled_plugin_platforms(cfg: Config, plugins: LoadedPlugins) -> dict[str, E
                            for e in from_validation_error(exc, platform.config_model).errors]
             else:
                 enabled[name] = EnabledPlatform(platform, settings, _secrets(settings, section.settings))
+    if errors:
+        raise ConfigError.combine(errors)
+    return enabled
+
+
+def _unknown_commands(cfg: Config, plugins: LoadedPlugins) -> list[ConfigError]:
+    """Names in ``commands.disabled`` / ``commands.admin_only`` that are neither built in nor a loaded plugin's."""
+    known = sorted({*COMMANDS, *plugins.commands})
+    return [ConfigError(f"commands.{key}", f"unknown command {name!r}",
+                        f"{_suggest(name, known, allowed=False)} no built-in command and no loaded plugin's has this "
+                        "name: correct it, remove it, or load the plugin that provides it (plugins.dir, "
+                        "plugins.entry_points)".lstrip())
+            for key in ("disabled", "admin_only") for name in getattr(cfg.commands, key) if name not in known]
+
+
+def check_with_plugins(cfg: Config, plugins: LoadedPlugins, *, platforms: bool = True
+                       ) -> dict[str, EnabledPlatform]:
+    """What only the loaded plugins settle: the names in ``commands``, and with ``platforms`` the enabled plugin
+    platform sections (``enabled_plugin_platforms``, whose result this returns); one ConfigError listing every
+    problem."""
+    errors = _unknown_commands(cfg, plugins)
+    enabled: dict[str, EnabledPlatform] = {}
+    if platforms:
+        try:
+            enabled = enabled_plugin_platforms(cfg, plugins)
+        except ConfigError as exc:
+            errors += exc.errors
     if errors:
         raise ConfigError.combine(errors)
     return enabled

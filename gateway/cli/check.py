@@ -1,5 +1,8 @@
 """``check``: validate the config and summarise it, contacting nothing (``doctor`` does the live checks).
 
+It loads the configured plugins as ``run`` does, so a plugin's platform section and the plugin command names
+in ``commands`` are validated here too; a plugin that fails to load is a warning (the gateway runs without it).
+
 The summary, warnings and ``config OK`` go to stderr; ``--show`` prints the resolved YAML (secrets masked)
 to stdout, so it can be redirected on its own. Besides the secret fields, both mask credentials inside URLs
 (userinfo, token-like query parameters), MCP ``args`` that carry a token, and any configured secret or
@@ -20,6 +23,9 @@ from gateway.cli.common import config_parent, config_path
 
 if TYPE_CHECKING:
     from gateway.config import Config
+    from gateway.config.platforms import PluginPlatformSection
+    from gateway.plugins import EnabledPlatform
+    from tools.plugins import LoadedPlugins, PluginStatus
 
 ORDER = 5
 MASK = "***"
@@ -76,11 +82,24 @@ def _mask_strings(value: Any, mask: Callable[[str], str]) -> Any:
     return value
 
 
-def _shown(cfg: Config, redact: Callable[[str], str]) -> dict[str, Any]:
+def _plugin_section(section: PluginPlatformSection, enabled: EnabledPlatform | None) -> dict[str, Any]:
+    """A plugin platform's section for ``--show``: validated by its plugin's model when enabled (SecretStr
+    fields masked), as written otherwise; keys named like credentials masked either way."""
+    from gateway.config.root import _plain
+
+    settings = _plain(enabled.settings) if enabled else dict(section.settings)
+    shown = {key: MASK if value and _secret_name(key) else value for key, value in settings.items()}
+    return {"plugin": section.plugin, "enabled": section.enabled, **shown}
+
+
+def _shown(cfg: Config, redact: Callable[[str], str], plugin_platforms: dict[str, EnabledPlatform]
+           ) -> dict[str, Any]:
     """The resolved config for ``--show``: secret fields, URL credentials and MCP args' tokens masked."""
     data = cfg.masked()
     for server in data["mcp_servers"].values():
         server["args"] = mask_args(server["args"])
+    for name, section in cfg.platforms.plugin_sections.items():
+        data["platforms"][name] = _plugin_section(section, plugin_platforms.get(name))
     return _mask_strings(data, lambda text: mask_url(redact(text)))
 
 
@@ -98,13 +117,29 @@ def _toolsets(names: str | list[str]) -> str:
     return f"{', '.join(listed)} ({count} tools{extra})"
 
 
-def _summary(cfg: Config, path: Path | None, redact: Callable[[str], str]) -> list[str]:
+def _plugin_line(status: PluginStatus) -> str:
+    parts = [f"{len(status.tools)} tools", *(f"{what} {', '.join(names)}" for what, names in (
+        ("platforms", status.platforms), ("commands", [f"/{c}" for c in status.commands]),
+        ("hooks", status.hooks)) if names)]
+    return f"  {status.name}: {'; '.join(parts)} (from {status.source})"
+
+
+def _plugin_failures(plugins: LoadedPlugins) -> list[str]:
+    """A warning per plugin that failed to load, naming the setting that brought it in."""
+    return [f"warning: plugin {s.name}: not loaded: {s.error}; fix: correct it, or remove it from "
+            f"{'plugins.entry_points (uninstall it)' if s.source.startswith('entry point') else 'plugins.dir'}"
+            for s in plugins.statuses if not s.ok]
+
+
+def _summary(cfg: Config, path: Path | None, redact: Callable[[str], str], plugins: LoadedPlugins,
+             plugin_platforms: dict[str, EnabledPlatform]) -> list[str]:
     from toolsets import toolset_for_platform
 
     p = cfg.platforms
     chat = [name for name in ("telegram", "slack", "discord") if getattr(p, name).enabled]
     routes = p.webhook.routes if p.webhook.enabled else {}
-    enabled = [*chat, *([f"webhook ({len(routes)} routes)"] if routes else []),
+    enabled = [*chat, *(f"{name} (plugin {e.platform.plugin})" for name, e in plugin_platforms.items()),
+               *([f"webhook ({len(routes)} routes)"] if routes else []),
                *([f"callback ({len(p.callback.targets)} targets)"] if p.callback.targets else [])]
     lines = [f"config: {path}" if path else "config: none found, the embedded defaults",
              f"model: {cfg.model.name} at {mask_url(redact(cfg.model.base_url))}",
@@ -113,8 +148,13 @@ def _summary(cfg: Config, path: Path | None, redact: Callable[[str], str]) -> li
         lines.append("webhook routes:")
         lines += [f"  {name}: POST /webhooks/{name}, {r.scheme} signatures, delivers to {r.deliver_to}"
                   for name, r in routes.items()]
+    loaded = [status for status in plugins.statuses if status.ok]
+    if loaded:
+        lines.append("plugins:")
+        lines += [_plugin_line(status) for status in loaded]
     lines.append("toolsets:")
-    lines += [f"  {name}: {_toolsets(toolset_for_platform(name, cfg.toolsets))}" for name in (*chat, "cron")]
+    lines += [f"  {name}: {_toolsets(toolset_for_platform(name, cfg.toolsets))}"
+              for name in (*chat, *plugin_platforms, "cron")]
     lines += [f"  webhook {name}: {_toolsets(r.toolset)}" for name, r in routes.items()]
     if cfg.mcp_servers:
         servers = ", ".join(f"{name} ({'http' if s.url else 'stdio'})" for name, s in cfg.mcp_servers.items())
@@ -125,19 +165,36 @@ def _summary(cfg: Config, path: Path | None, redact: Callable[[str], str]) -> li
 def _cmd_check(args: argparse.Namespace) -> int:
     import yaml
 
+    from gateway.app import install_source_toolsets
     from gateway.config import load_config
     from gateway.logs import Redactor
+    from gateway.plugins import check_with_plugins, load_gateway_plugins
     from gateway.probes import config_findings
     from gateway.tool_sandbox import detect_isolation
+    from tools.registry import registry
+    from toolsets import remove_source_toolset
 
     path = config_path(args)
     cfg = load_config(path)
-    redact = Redactor(cfg.secret_values())  # a configured secret repeated in a URL or an argument, token shapes
-    if args.show:
-        print(yaml.safe_dump(_shown(cfg, redact), sort_keys=False, allow_unicode=True), end="")
-    for line in _summary(cfg, path, redact):
-        print(line, file=sys.stderr)
+    registry.discover_builtin_tools()  # before the plugins, so replacing a built-in is judged as run judges it
+    plugins = load_gateway_plugins(cfg)
+    created: list[str] = []
+    try:
+        plugin_platforms = check_with_plugins(cfg, plugins)
+        created = install_source_toolsets(cfg, plugins)  # hermes-<plugin platform> and plugin-* counted as at run
+        # A configured secret repeated in a URL or an argument, token shapes.
+        redact = Redactor([*cfg.secret_values(), *(s for e in plugin_platforms.values() for s in e.secrets)])
+        if args.show:
+            print(yaml.safe_dump(_shown(cfg, redact, plugin_platforms), sort_keys=False, allow_unicode=True), end="")
+        for line in _summary(cfg, path, redact, plugins, plugin_platforms):
+            print(line, file=sys.stderr)
+    finally:
+        for name in created:
+            remove_source_toolset(name)
+        plugins.unload()
     print(f"tool sandbox: {detect_isolation(cfg, path).describe()}", file=sys.stderr)
+    for line in _plugin_failures(plugins):
+        print(line, file=sys.stderr)
     for finding in config_findings(cfg):
         if finding.status != "ok":
             print(f"warning: {finding.check}: {finding.message}; fix: {finding.fix}", file=sys.stderr)

@@ -126,6 +126,15 @@ def _unknown_platforms(toolsets: Mapping[str, str | list[str]], auth_platforms: 
     return problems
 
 
+def _unknown_names(named: Iterable[tuple[_Loc, str]], builtin: Iterable[str], plugin_platforms: Iterable[str],
+                   what: str) -> list[_Problem]:
+    """Problems for platform names (at their key paths) that are neither ``builtin`` nor a plugin's platform."""
+    known = (*builtin, *plugin_platforms)
+    hint = "; a plugin's platform needs its section platforms.<name> with plugin: <plugin name>"
+    return [_Problem(loc, f"unknown {what} {name!r}", _suggest(name, known) + hint)
+            for loc, name in named if name not in known]
+
+
 _StrOrList = Annotated[str | list[str], BeforeValidator(_str_or_list)]
 # Which names are known is checked with the whole config (``_unknown_platforms``): plugins add platforms.
 _AuthPlatform = Annotated[str, AfterValidator(_platform_shaped)]

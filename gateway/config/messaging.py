@@ -7,13 +7,15 @@ from typing import Annotated
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from gateway.config.base import _CHAT_PLATFORMS, _one_of, _Section
+from gateway.config.base import _CHAT_PLATFORMS, _PLATFORM_NAME, _platform_shaped, _Section
 from gateway.config.errors import _invalid
 
 # What send_message calls a user's own chats: a configured target may not take these names.
 RESERVED_TARGETS = ("home", "dm")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 _CALLER_PLATFORMS = (*_CHAT_PLATFORMS, "webhook")
+"""Whose runs may send: the chat platforms and webhook routes (plugins' platforms are checked with the whole
+config, ``Config._known_platforms``)."""
 
 
 def _check_target_name(value: str) -> str:
@@ -28,9 +30,9 @@ def _check_target_name(value: str) -> str:
 
 def _check_user(value: str) -> str:
     platform, sep, user = value.partition(":")
-    if value != "*" and (not sep or not user or platform not in _CALLER_PLATFORMS):
+    if value != "*" and (not sep or not user or not _PLATFORM_NAME.fullmatch(platform)):
         raise _invalid(f"invalid user {value!r}",
-                       f"write <platform>:<user_id> (platform one of {', '.join(_CALLER_PLATFORMS)}; "
+                       f"write <platform>:<user_id> (platform one of {', '.join(_CALLER_PLATFORMS)} or a plugin's; "
                        "webhook:<route> for a webhook route's runs), or * for every user")
     return value
 
@@ -41,7 +43,7 @@ class MessageTarget(_Section):
     # Chat and thread ids are often written unquoted in YAML.
     model_config = ConfigDict(coerce_numbers_to_str=True)
 
-    platform: Annotated[str, _one_of(_CHAT_PLATFORMS, "platform")]
+    platform: Annotated[str, AfterValidator(_platform_shaped)]  # a chat platform or a plugin's (whole config)
     chat_id: Annotated[str, Field(min_length=1)]
     thread_id: str | None = None
     # What the chat is, for the model choosing where to send (shown by send_message's list).

@@ -63,8 +63,8 @@ def _check_deliver_to(value: str) -> str:
             f"{', '.join(_DELIVERY_PLATFORMS)}")
     if len(parts) not in (2, 3) or not all(parts):
         raise _invalid(f"invalid delivery target {value!r}", hint)
-    if parts[0] not in _DELIVERY_PLATFORMS:
-        raise _invalid(f"unknown delivery platform {parts[0]!r}", hint)
+    if parts[0] not in _DELIVERY_PLATFORMS and not _PLATFORM_NAME.fullmatch(parts[0]):
+        raise _invalid(f"unknown delivery platform {parts[0]!r}", hint)  # a plugin's: checked with the whole config
     if parts[0] == "callback" and len(parts) == 3:
         raise _invalid("a callback target takes no thread id", "write callback:<target name>")
     return value

@@ -9,12 +9,20 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from gateway.config.approvals import ApprovalSettings
-from gateway.config.base import _Section, _StrOrList, _ToolsetPlatform, _unknown_platforms, _unknown_toolsets
+from gateway.config.base import (
+    _CHAT_PLATFORMS,
+    _Section,
+    _StrOrList,
+    _ToolsetPlatform,
+    _unknown_names,
+    _unknown_platforms,
+    _unknown_toolsets,
+)
 from gateway.config.delegation import DelegationSettings
 from gateway.config.errors import _raise_if
 from gateway.config.media import MediaSettings
-from gateway.config.messaging import MessagingSettings
-from gateway.config.platforms import Platforms
+from gateway.config.messaging import _CALLER_PLATFORMS, MessagingSettings
+from gateway.config.platforms import _DELIVERY_PLATFORMS, Platforms
 from gateway.config.sections import (
     AuthSettings,
     CommandSettings,
@@ -95,8 +103,27 @@ class Config(_Root):
               for route, settings in self.platforms.webhook.routes.items())]
         _raise_if([*_unknown_platforms(self.toolsets, self.auth.platforms, self.auth.admins, plugins),
                    *(p for loc, names in named for p in _unknown_toolsets(names, plugins=True, loc=loc,
-                                                                           platforms=plugins))])
+                                                                           platforms=plugins)),
+                   *_unknown_names(self._deliveries(), _DELIVERY_PLATFORMS, plugins, "delivery platform"),
+                   *_unknown_names(((("messaging", "targets", name, "platform"), target.platform)
+                                    for name, target in self.messaging.targets.items()),
+                                   _CHAT_PLATFORMS, plugins, "platform"),
+                   *_unknown_names(((("messaging", "targets", name, "users", i), user.partition(":")[0])
+                                    for name, target in self.messaging.targets.items()
+                                    for i, user in enumerate(target.users) if user != "*"),
+                                   _CALLER_PLATFORMS, plugins, "platform")])
         return self
+
+    def _deliveries(self) -> Iterator[tuple[tuple[str | int, ...], str]]:
+        """The platform of each ``<platform>:<chat>`` delivery target (webhook routes, API clients), at its key."""
+        routes = ((("platforms", "webhook", "routes", name, "deliver_to"), route.deliver_to)
+                  for name, route in self.platforms.webhook.routes.items())
+        clients = ((("http", "api", "clients", name, "deliver_to", i), spec)
+                   for name, client in self.http.api.clients.items() for i, spec in enumerate(client.deliver_to))
+        for loc, spec in (*routes, *clients):
+            platform, sep, _ = spec.partition(":")
+            if sep:  # none, github and gitlab name no platform
+                yield loc, platform
 
     def masked(self) -> dict[str, Any]:
         """The resolved config as JSON-able data, every secret shown as ``"***"`` (empty ones as null)."""

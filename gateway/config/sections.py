@@ -267,13 +267,21 @@ class GatewaySettings(_Section):
         return _resolve_path(value, info)
 
 
+_COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")  # what a plugin's command may be called (tools/plugins.py)
+
+
 def _check_command_names(value: list[str]) -> list[str]:
+    """Built-in names (aliases as their command's name), and names shaped like a plugin's command: whether a
+    loaded plugin has those is checked once plugins load (``gateway.plugins.check_with_plugins``)."""
     from gateway.commands import COMMANDS  # the registry imports this package: look it up when validating
 
-    unknown = [name for name in value if name.lstrip("/") not in COMMANDS]
-    if unknown:
-        raise _invalid(f"unknown command {unknown[0]!r}", _suggest(unknown[0].lstrip("/"), sorted(COMMANDS)))
-    return sorted({COMMANDS[name.lstrip("/")].name for name in value})
+    names = [name.lstrip("/") for name in value]
+    invalid = [name for name in names if name not in COMMANDS and not _COMMAND_NAME.fullmatch(name)]
+    if invalid:
+        raise _invalid(f"unknown command {invalid[0]!r}",
+                       f"{_suggest(invalid[0], sorted(COMMANDS))}; a plugin's command is 1-32 lowercase letters, "
+                       "digits or '_'")
+    return sorted({COMMANDS[name].name if name in COMMANDS else name for name in names})
 
 
 class CommandSettings(_Section):
