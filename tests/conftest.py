@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from hypothesis import settings
 
+import model_tools
 from bench.common import scratch_database
 from gateway.app import Gateway
 from gateway.config import parse_config
@@ -25,6 +26,8 @@ from gateway.sim.model_server import ScriptedModel
 from gateway.sim.telegram_api import TelegramSimulator
 from platforms.base import AdapterState, BasePlatformAdapter, MessageEvent, OnMessage, SendResult
 from platforms.webhook_signatures import sign
+from tools.registry import registry
+from toolsets import TOOLSETS
 
 WEBHOOK_SECRET = "test-webhook-secret-0123456789"
 API_TOKEN = "test-api-token"
@@ -220,6 +223,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_sep("-", section)
         for line in lines:
             terminalreporter.write_line(line)
+
+@pytest.fixture
+def scratch() -> Iterator[list[str]]:
+    """For the tool-pipeline tests: names appended here are deregistered after the test, with the ``test-*``
+    toolsets, every hook and middleware, and the cached plans."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        registry.deregister(name)
+    for ts in [k for k in TOOLSETS if k.startswith("test-")]:
+        del TOOLSETS[ts]
+    model_tools.clear_hooks()
+    model_tools.clear_definition_cache()
+
 
 @pytest.fixture(autouse=True)
 def _redacted_secrets_per_test() -> Iterator[None]:

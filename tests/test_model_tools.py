@@ -25,19 +25,6 @@ def _schema(name: str, description: str = "A test tool.", props: dict | None = N
             "parameters": {"type": "object", "properties": props or {}}}
 
 
-@pytest.fixture
-def scratch() -> Iterator[list[str]]:
-    """Names registered here are removed (with their toolsets) after the test."""
-    names: list[str] = []
-    yield names
-    for n in names:
-        registry.deregister(n)
-    for ts in [k for k in TOOLSETS if k.startswith("test-")]:
-        del TOOLSETS[ts]
-    mt.clear_hooks()
-    mt.clear_definition_cache()
-
-
 def _add(names: list[str], name: str, handler=None, toolset: str = "test-a", **kw) -> None:
     registry.register(name, toolset, kw.pop("schema", None) or _schema(name), handler or
                       (lambda args, **ctx: tool_result(tool=name, args=args)), **kw)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +16,12 @@ import pytest
 import model_tools as mt
 from tools.registry import registry, tool_result
 from tools.result_store import PREVIEW_CHARS, RESULTS_DIR
-from toolsets import TOOLSETS
 
 LINE = re.compile(r"^\s*\d+\|(.*)$")
 
 
 def _schema(name: str, props: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"name": name, "description": "A test tool.", "parameters": {"type": "object", "properties": props or {}}}
-
-
-@pytest.fixture
-def scratch() -> Iterator[list[str]]:
-    """Names registered here are removed after the test, with every hook and middleware."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        registry.deregister(name)
-    for ts in [k for k in TOOLSETS if k.startswith("test-")]:
-        del TOOLSETS[ts]
-    mt.clear_hooks()
-    mt.clear_definition_cache()
 
 
 def _add(names: list[str], name: str, handler: Any, **kw: Any) -> None:
