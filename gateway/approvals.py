@@ -31,7 +31,7 @@ from gateway.schema import approval_grants_t, approvals_t, insert_ignoring_confl
 from gateway.store import Store
 from platforms.base import Choice
 from tools.approval_rules import Danger, classify
-from tools.registry import EFFECT_RUNS_COMMANDS, registry
+from tools.registry import EFFECT_RUNS_COMMANDS, ISOLATION_SANDBOX, registry
 
 PENDING, APPROVED, DENIED, EXPIRED, WITHDRAWN = "pending", "approved", "denied", "expired", "withdrawn"
 SCOPES = ("once", "session", "always")
@@ -133,6 +133,11 @@ class ApprovalPolicy:
             if isinstance(command, str):
                 found += classify(command, workspace=workspace, network=self.settings.network)
         effects = entry.effects if mode == "always" else entry.effects & set(self.settings.ask_for_effects)
+        if EFFECT_RUNS_COMMANDS in entry.effects and entry.isolation == ISOLATION_SANDBOX and name != "terminal":
+            # The classifier reads terminal commands only: what another sandboxed tool runs (execute_code's script,
+            # and the tools the script calls) is opaque to it, so it asks in mode dangerous too. (delegate_task's
+            # sub-agents have each of their calls judged.)
+            effects |= {EFFECT_RUNS_COMMANDS}
         for effect in sorted(effects):
             # The classifier speaks for the terminal's commands; in mode always, every command asks.
             if name == "terminal" and effect == EFFECT_RUNS_COMMANDS and (found or mode != "always"):

@@ -86,7 +86,9 @@ class Messenger:
                 found.append(dm)
         admin = identity in self.cfg.auth.admins
         for name, target in self.cfg.messaging.targets.items():
-            if admin or "*" in target.users or identity in target.users:
+            # "*" is every user, not a webhook route: a payload's prompt must not reach a target nobody named it for.
+            everyone = "*" in target.users and sender.source != "webhook"
+            if admin or everyone or identity in target.users:
                 found.append(MessageTarget(name, target.platform, target.chat_id, target.thread_id,
                                            target.description))
         return [t for t in found if t.platform in self.adapters]

@@ -170,10 +170,18 @@ class SessionSearch:
         own, rows, runs = await self.store.db.read(work)
         hits = [SearchHit(session=r.session_key, conversation=int(r.epoch),
                           title=own[r.session_key].title if r.epoch == own[r.session_key].epoch else None,
-                          role=r.role, at=_iso(r.created_at), snippet=redactor(r.snippet or ""), run_id=r.run_id,
+                          role=r.role, at=_iso(r.created_at), snippet=_redacted(r.snippet or ""), run_id=r.run_id,
                           link=f"{DASHBOARD}/runs/{r.run_id}" if r.run_id in runs else None)
                 for r in rows[:limit]]
         return SearchPage(hits, offset + limit if len(rows) > limit else None)
+
+
+def _redacted(snippet: str) -> str:
+    """The snippet through the redactor. The match marks may split a secret (``my-«pass»-word``) so that no pattern
+    sees it whole: the text is also redacted without them, and where that changes anything the marks go."""
+    plain = snippet.replace(_MARKS[0], "").replace(_MARKS[1], "")
+    cleaned = redactor(plain)
+    return cleaned if cleaned != plain else redactor(snippet)
 
 
 class StoreSessionSearchBackend(LoopBridge[SessionSearch]):

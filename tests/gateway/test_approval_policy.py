@@ -76,6 +76,18 @@ async def test_declared_effects_and_network(store: Store, tmp_path: Path) -> Non
     assert await _verdicts(store, _cfg(tmp_path, {"network": True}), [curl]) == [("ask", ["terminal:network"])]
 
 
+async def test_a_tool_running_code_the_classifier_cannot_read_asks(store: Store, tmp_path: Path) -> None:
+    """execute_code runs a script (and the tools it calls) that the terminal classifier never sees: before this
+    rule, a script calling terminal("rm -rf ...") ran in mode dangerous without anyone being asked."""
+    script = _call("execute_code", code="from hermes_tools import terminal\nterminal(command='rm -rf build/')")
+    assert await _verdicts(store, _cfg(tmp_path), [script]) == [("ask", ["execute_code:runs_commands"])]
+    assert [a for a, _ in await _verdicts(store, _cfg(tmp_path, {"mode": "never"}), [script])] == ["run"]
+    assert [a for a, _ in await _verdicts(store, _cfg(tmp_path), [script], kind="cron", source="j")] == ["deny"]
+    allowed = _cfg(tmp_path, {"cron_allow": ["execute_code:*"], "trusted": {"telegram:1": ["execute_code:*"]}})
+    assert [a for a, _ in await _verdicts(store, allowed, [script], kind="cron", source="j")] == ["run"]
+    assert [a for a, _ in await _verdicts(store, allowed, [script])] == ["run"]
+
+
 async def test_runs_nobody_can_ask_refuse_unless_allowed(store: Store, tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, {"cron_allow": ["terminal:destructive-delete"]}, {"approvals_allow": ["terminal:*"]})
     plain = _cfg(tmp_path)

@@ -19,7 +19,9 @@ from tools.sandbox.policy import NOBODY
 
 HANG_GUARD = 60.0  # seconds: only a broken gateway takes this long
 CANARY = "zq7canary-gateway-environment-8d3f0b61"
-LIMITS = {"tools": {"execute_code": {"memory_mb": 256, "max_timeout": 60}}}
+# A script asks for approval in mode dangerous (tests/gateway/test_approval_policy.py); this user said "always".
+TRUSTED = {"approvals": {"trusted": {f"telegram:{CHAT}": ["execute_code:*"]}}}
+LIMITS = {"tools": {"execute_code": {"memory_mb": 256, "max_timeout": 60}}, **TRUSTED}
 PRIMES = textwrap.dedent("""
     import os
     from hermes_tools import read_file
@@ -97,7 +99,7 @@ async def test_execute_code_computes_reads_and_is_killed_at_its_limits(tmp_path:
 async def test_a_run_without_the_file_tools_offers_a_script_only_the_terminal(tmp_path: Path) -> None:
     require_bwrap()
     async with telegram_chat(tmp_path) as chat:
-        await chat.start({"toolsets": {"telegram": ["code_execution", "terminal"]}})
+        await chat.start({"toolsets": {"telegram": ["code_execution", "terminal"]}, **TRUSTED})
         offered = await _run_code(chat, "what can you call?",
                                   "import json, hermes_tools\nprint(json.dumps(hermes_tools.__all__))")
         assert json.loads(offered["stdout"]) == ["terminal"], offered

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from gateway.app import Gateway
 from gateway.config.store import RetentionSettings
+from gateway.logs import redactor
 from gateway.retention import prune
 from gateway.schema import HEAD_REVISION, SCHEMA_VERSION, current_revision, messages_t, sessions_t
 from gateway.session_search import SessionSearch, parse_query, search_sql
@@ -138,6 +139,23 @@ def _search_objects(conn: Connection) -> set[str]:
     else:
         query = "SELECT 'index ' || indexname FROM pg_indexes WHERE indexname = 'ix_messages_search'"
     return set(conn.exec_driver_sql(query).scalars())
+
+
+async def test_a_match_mark_inside_a_secret_does_not_unmask_it(store_url: str) -> None:
+    """A message stored before its secret was configured: the mark FTS puts around the matched word
+    (``my-db-«pass»-Zx81Q``) must not hide the secret from the redactor."""
+    secret = "my-db-pass-Zx81Q"
+    store = await Store.open(store_url)
+    try:
+        await _converse(store, "1001", "1001", "telegram:dm:1001", "r1",
+                        ChatMessage("user", f"the database password is {secret} keep it"))
+        redactor.add([secret])
+        page = await _search(store, "pass")
+        assert page.hits, "the word inside the secret is found"
+        assert all("Zx81Q" not in hit.snippet for hit in page.hits), page.hits
+        assert "[REDACTED]" in page.hits[0].snippet
+    finally:
+        await store.close()
 
 
 async def test_the_upgrade_from_v9_indexes_the_messages_stored_before(store_url: str) -> None:

@@ -139,7 +139,9 @@ async def test_cron_and_webhook_runs_send_only_when_allowed(make_gateway: Gatewa
     h, _ = await _start(make_gateway, {"allow_cron": True, "allow_webhooks": True})
     assert (await _tool(CRON, target="home", message="nightly"))["parts"] == 1  # as the job's owner
     await h.chat.wait_for(lambda: "nightly" in h.chat.final_texts("-200"))
-    assert _names(await _tool(WEBHOOK, action="list")) == ["lobby", "deploys"]  # no home or DM of a webhook
+    # No home or DM of a webhook, and not the targets open to every user ("*"): only those naming its route.
+    assert _names(await _tool(WEBHOOK, action="list")) == ["deploys"]
+    assert "may not send to 'lobby'" in (await _tool(WEBHOOK, target="lobby", message="injected"))["error"]
     await _tool(WEBHOOK, target="deploys", message="v2 is live")
     await h.chat.wait_for(lambda: "v2 is live" in h.chat.final_texts("-600"))
 
