@@ -143,6 +143,28 @@ def test_a_script_makes_at_most_its_share_of_tool_calls(box: Box) -> None:
     assert result["tool_calls"] == 3
 
 
+def test_a_script_lowering_its_workers_limits_retires_that_worker(box: Box) -> None:
+    """A script is the worker's child and the same user: it can lower the worker's limits (prlimit), which would
+    break every later call in that worker, maybe another user's. The worker notices after the call and is replaced."""
+    before = box.pool.stats()
+    lowered = box.run({"code": "import os, resource\n"
+                               "resource.prlimit(os.getppid(), resource.RLIMIT_FSIZE, (1024, 1024))\nprint('done')"})
+    assert lowered["stdout"] == "done\n", lowered
+    assert box.pool.stats()["killed"] == before["killed"] + 1  # retired and replaced, not reused
+    write = "import pathlib\np = pathlib.Path('/tmp/big')\np.write_bytes(bytes(100_000))\nprint(p.stat().st_size)"
+    for _ in range(3):  # whichever worker takes them, later calls may write files past 1 KB
+        assert box.run({"code": write})["stdout"] == "100000\n"
+
+
+def test_a_script_cannot_read_its_workers_memory(box: Box) -> None:
+    """The worker is not dumpable: its /proc/<pid>/mem (where code serving later calls could be planted) is closed
+    to the processes its calls start. (As root, the switch to the sandbox's user already clears it; the worker's
+    explicit prctl covers a gateway that does not run as root.)"""
+    result = box.run({"code": "import os\ntry:\n    open(f'/proc/{os.getppid()}/mem', 'rb')\n"
+                              "except OSError as exc:\n    print(type(exc).__name__)\nelse:\n    print('opened')"})
+    assert result["stdout"] == "PermissionError\n", result
+
+
 def test_an_endless_script_is_killed_at_its_timeout_and_the_worker_lives_on(box: Box) -> None:
     before = box.pool.stats()
     result = box.run({"code": "print('spinning', flush=True)\nwhile True:\n    pass", "timeout": 1})
@@ -185,12 +207,13 @@ def test_what_a_timed_out_script_started_is_killed_with_it(box: Box) -> None:
 
 
 def test_a_script_past_its_memory_limit_gets_a_clear_error(box: Box) -> None:
+    killed = box.pool.stats()["killed"]
     result = box.run({"code": "print('before', flush=True)\nblock = bytearray(400 * 1024 ** 2)\nprint('after')"})
     assert result["error"] == "execute_code: the script ran out of memory (its limit is 256 MB)", result
     assert result["stdout"] == "before\n" and result["stderr"].rstrip().endswith("MemoryError")
     # Below the limit, memory is there to use: the limit is the script's, not lower.
     assert box.run({"code": "block = bytearray(100 * 1024 ** 2)\nprint(len(block))"})["stdout"] == "104857600\n"
-    assert box.pool.stats()["killed"] == 0
+    assert box.pool.stats()["killed"] == killed
 
 
 def test_the_gateways_environment_does_not_reach_a_script(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -225,7 +225,10 @@ class SandboxPool:
                     return tool_error(f"{entry.name}: cancelled (the run was stopped); its sandbox was killed")
                 self._count("timeout")
                 return tool_error(f"{entry.name}: timed out after {timeout:g} s; its sandbox was killed")
-            alive = True
+            # A worker the call damaged (its limits lowered) says so with its answer and is replaced.
+            alive = not (isinstance(answer, dict) and answer.get("retire"))
+            if not alive:
+                logger.warning("sandbox worker %d retires after %s: %s", worker.pid, entry.name, answer["retire"])
             self._count("ok")
             return str(answer.get("result", "")) if isinstance(answer, dict) else tool_error(
                 f"{entry.name}: the sandbox answered something that is not a result")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import resource
 import shutil
@@ -26,6 +27,7 @@ from tools.sandbox.protocol import ProtocolError, read_frame, write_frame
 from tools.sandbox.settings import ToolSettings
 
 _MB = 1024 * 1024
+_PR_SET_DUMPABLE = 4  # <linux/prctl.h>
 
 
 def _private_pipes() -> tuple[int, int]:
@@ -49,8 +51,8 @@ def drop_privileges(uid: int | None, gid: int | None) -> None:
     os.setuid(uid)
 
 
-def _set_limits(limits: dict[str, Any]) -> None:
-    """Per-process limits, inherited by every command a tool starts."""
+def _set_limits(limits: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Per-process limits, inherited by every command a tool starts; returns them as set."""
     pairs = {
         resource.RLIMIT_AS: int(limits["memory_mb"]) * _MB,
         resource.RLIMIT_NOFILE: int(limits["open_files"]),
@@ -60,6 +62,21 @@ def _set_limits(limits: dict[str, Any]) -> None:
     }
     for which, value in pairs.items():
         resource.setrlimit(which, (value, value))
+    return {which: resource.getrlimit(which) for which in pairs}
+
+
+def _limits_changed(expected: dict[int, tuple[int, int]]) -> bool:
+    """Whether a call's process changed this worker's limits (``prlimit`` on its parent can, as the same user):
+    a worker with lowered limits would fail the next calls, maybe other users', so it retires instead."""
+    return any(resource.getrlimit(which) != limits for which, limits in expected.items())
+
+
+def _not_dumpable() -> None:
+    """No core dumps, and no ptrace or /proc/<pid>/mem access to this worker from the processes its calls start
+    (the same user): a call must not plant code in the worker that serves the next ones."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def _limit_cpu(seconds: float) -> None:
@@ -150,7 +167,7 @@ def serve() -> int:
         setup = read_frame(requests)
     except ProtocolError:
         return 1
-    _set_limits(setup["limits"])
+    limits = _set_limits(setup["limits"])
     registry.async_runner = _Loop()
     # The operator's code loads before the switch to the sandbox's user, which may not be able to read
     # it (a plugins directory private to the gateway's user); no call from a model runs before it.
@@ -160,6 +177,7 @@ def serve() -> int:
     load_plugins(Path(directory) if directory else None, entry_points=bool(plugins.get("entry_points")),
                  allow_override=plugins.get("allow_override") or ())
     drop_privileges(setup.get("uid"), setup.get("gid"))
+    _not_dumpable()
     ToolSettings.from_dict(setup.get("settings") or {}).apply()
     isolated = bool(setup.get("own_pid_namespace"))  # bubblewrap: its own PID namespace and /tmp
     holders = _mount_holders() if isolated else frozenset()  # the mounts never change
@@ -176,6 +194,9 @@ def serve() -> int:
         _reap_leftovers(isolated)
         if isolated:
             _clear_tmp(holders)
+        if _limits_changed(limits):
+            write_frame(answers, {"result": result, "retire": "its limits were changed by the call"})
+            return 0
         write_frame(answers, {"result": result})
 
 
