@@ -46,12 +46,29 @@ _EXPANDABLE_LINES = 8
 _EXPANDABLE_CHARS = 600
 
 
+_BACKTICKS = re.compile(r"`+")
+
+
+def _spoiler_end(src: str, pos: int) -> int:
+    """Where the ``||`` closing a spoiler is, from ``pos``, or -1. Code spans bind tighter (as CommonMark has them
+    bind tighter than emphasis): a ``||`` inside one (``||`a||b` c||``) does not close the spoiler."""
+    while (end := src.find("||", pos)) >= 0:
+        tick = src.find("`", pos, end)
+        if tick < 0:
+            return end
+        run = _BACKTICKS.match(src, tick)
+        assert run is not None
+        closing = re.compile(f"(?<!`){run.group()}(?!`)").search(src, run.end())
+        pos = closing.end() if closing else run.end()  # an unclosed run of backticks is literal text
+    return -1
+
+
 def _spoiler(state: StateInline, silent: bool) -> bool:
     """``||hidden text||`` on one paragraph: a spoiler wrapping the inline Markdown inside it."""
     src, start = state.src, state.pos
     if not src.startswith("||", start):
         return False
-    end = src.find("||", start + 2)
+    end = _spoiler_end(src, start + 2)
     if end < 0 or end == start + 2 or src[start + 2].isspace() or src[end - 1].isspace():
         return False
     inner = src[start + 2:end]

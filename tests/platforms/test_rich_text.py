@@ -138,6 +138,9 @@ def test_sample_on_discord_is_the_markdown_with_the_table_as_a_code_block() -> N
     (r"\*literal\* and \_too\_", "*literal* and _too_"),
     ("a ||secret **plan**|| b, not || this ||", "a <tg-spoiler>secret <b>plan</b></tg-spoiler> b, not || this ||"),
     ("||opening spoiler|| then text", "<tg-spoiler>opening spoiler</tg-spoiler> then text"),  # not a table row
+    # Code spans bind tighter: a "||" inside one neither closes a spoiler nor loses the span's text.
+    ("||`||![i](http://x/i.png)`", "||<code>||![i](http://x/i.png)</code>"),
+    ("||`a||b` c||", "<tg-spoiler><code>a||b</code> c</tg-spoiler>"),
     ("||[||](http://x.y)", '||<a href="http://x.y">||</a>'),  # a "||" inside a link's text: the link wins
     ("> > nested\n> quote", "<blockquote>nested\nquote</blockquote>"),
     ("***", "———"),
