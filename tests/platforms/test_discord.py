@@ -278,10 +278,11 @@ async def test_identify_storm_backs_off(sim: DiscordSimulator, start: Start) -> 
     _, adapter = await start()
     identifies = sim.identifies
     assert len(identifies) == 5
+    # Each wait at least doubles the configured backoff's floor (0.75: its jitter). Only floors are asserted: a
+    # loaded machine lengthens any gap, so a ratio between two measured gaps failed under load in CI.
     gaps = [b.t - a.t for a, b in itertools.pairwise(identifies)]
     for i, gap in enumerate(gaps):
         assert gap >= 0.75 * BACKOFF * 2**i, gaps
-    assert gaps[-1] > 4 * gaps[0]
     assert adapter.state is AdapterState.CONNECTED
 
 
