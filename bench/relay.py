@@ -28,7 +28,8 @@ from aiohttp import web
 
 import model_tools
 from bench.common import BENCH_FILE, BENCH_TOOLSET, MODEL_KEY, WEBHOOK_SECRET
-from gateway.agent import DEFAULT_SYSTEM_PROMPT, build_client, post_chat_completion
+from gateway.agent import DEFAULT_SYSTEM_PROMPT
+from gateway.agent_loop import build_client, post_chat_completion
 from gateway.config import ModelSettings
 from gateway.runs import WEBHOOK_SYSTEM_NOTE
 from tools.registry import registry

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 import model_tools
 from gateway import tokens
 from gateway.adapters import build_adapters, receives_on
-from gateway.agent import Agent, build_client, load_sdk_modules
+from gateway.agent import Agent
+from gateway.agent_loop import build_client, load_sdk_modules
 from gateway.api import api_routes
 from gateway.commands import menu_commands
 from gateway.config import Config, ConfigError

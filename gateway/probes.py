@@ -122,7 +122,7 @@ def _unreachable(check: str, exc: BaseException, url: str, setting: str, timeout
 
 async def probe_model(model: ModelSettings, timeout: float = 10.0) -> CheckResult:
     """A one-token chat completion against ``model.base_url`` with ``model.name``."""
-    from gateway.agent import build_client, post_chat_completion  # the tool pipeline: only when a model is probed
+    from gateway.agent_loop import build_client, post_chat_completion  # the tool pipeline: only when a model is probed
 
     check, url = "model", model.base_url
     settings = model.model_copy(update={"max_retries": 0, "timeout": timeout,

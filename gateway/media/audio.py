@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openai
 
-from gateway.agent import build_client
+from gateway.agent_loop import build_client
 from gateway.config.media import MediaEndpoint, SpeechEndpoint, TranscriptionEndpoint
 from gateway.config.sections import ModelSettings
 from gateway.media.errors import MediaError, endpoint_error

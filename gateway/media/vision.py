@@ -7,7 +7,7 @@ from typing import Literal
 
 import openai
 
-from gateway.agent import post_chat_completion
+from gateway.agent_loop import post_chat_completion
 from gateway.media.errors import MediaError, endpoint_error
 
 VISION_MODELS = re.compile(

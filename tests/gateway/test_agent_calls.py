@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 import model_tools
-from gateway.agent import build_client, post_chat_completion
+from gateway.agent_loop import build_client, post_chat_completion
 from gateway.config import ModelSettings
 from gateway.sim.model_server import ScriptedModel, ToolCall, Turn, rules, tool_call
 from tools.registry import registry
@@ -170,7 +170,7 @@ async def test_model_requests_are_the_sdks_own_on_the_wire(stream: bool) -> None
 
 _FIRST_CALLS = """
 import asyncio, sys
-from gateway.agent import build_client, load_sdk_modules, post_chat_completion
+from gateway.agent_loop import build_client, load_sdk_modules, post_chat_completion
 from gateway.config import ModelSettings
 from gateway.sim.model_server import ScriptedModel
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 import model_tools
-from gateway.agent import Agent, build_client
+from gateway.agent import Agent
+from gateway.agent_loop import build_client
 from gateway.app import Gateway
 from gateway.approvals import ApprovalGate, ApprovalPolicy
 from gateway.config import parse_config
