@@ -15,6 +15,7 @@ from gateway import tokens
 from gateway.adapters import build_adapters, receives_on
 from gateway.agent import Agent
 from gateway.agent_loop import build_client, load_sdk_modules
+from gateway.agent_workers import AgentWorkers
 from gateway.api import api_routes
 from gateway.commands import menu_commands
 from gateway.config import Config, ConfigError
@@ -132,6 +133,7 @@ class Gateway:
         self.result_pruner = ResultPruner(cfg.gateway.workspace, cfg.store.retention)
         self.sandbox: SandboxPool | None = None
         self.delegation: Delegation | None = None
+        self.workers: AgentWorkers | None = None
 
     @property
     def port(self) -> int | None:
@@ -184,6 +186,10 @@ class Gateway:
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
         agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics,
                       max_turn_result_chars=cfg.tools.max_turn_result_chars)
+        if cfg.gateway.agent_workers and not self.local:  # the console chat keeps its one loop in-process
+            self.workers = AgentWorkers(cfg.gateway.agent_workers, cfg.model, runs, self.metrics)
+            await self.workers.start()
+            agent.workers = self.workers
         self.adapters = {**({} if self.local else build_adapters(cfg, plugin_platforms)), **self._extra_adapters}
         platform_state = PlatformStateStore(self.store)
         for adapter in self.adapters.values():
@@ -318,6 +324,8 @@ class Gateway:
                 logger.warning("drain timeout: unfinished runs will resume on the next start")
             await self.router.lanes.shutdown()
             await self.router.limiter.give_back()  # before the store closes: a restart loses no user's tokens
+        if self.workers is not None:  # after the runs: none is still asking its worker
+            await self.workers.stop()
         if self.mcp is not None:
             await self.mcp.stop()
         if self.outbox is not None:

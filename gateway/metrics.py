@@ -38,6 +38,10 @@ class Metrics:
                                   ["platform", "outcome"], registry=r)
         self.leader = Gauge("hermes_leader", "1 while this replica is the elected leader (always 1 on SQLite)",
                             registry=r)
+        self.agent_workers = Gauge("hermes_agent_workers", "Agent worker processes ready for runs' loops",
+                                   registry=r)
+        self.agent_worker_restarts = Counter("hermes_agent_worker_restarts_total",
+                                             "Agent worker processes replaced after they died", registry=r)
         self.runs_in_flight = Gauge("hermes_runs_in_flight", "Runs executing now", ["kind"], registry=r)
         self.loop_lag = Gauge("hermes_event_loop_lag_seconds", "Main event loop lag (last sample)", registry=r)
         self.loop_lag_max = Gauge("hermes_event_loop_lag_max_seconds", "Largest main loop lag since start",

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import model_tools
-from gateway.agent import Agent, RunOutcome, message_tokens, trim_history
+from gateway.agent import Agent, message_tokens, trim_history
+from gateway.agent_loop import RunOutcome
+from gateway.agent_workers import AgentWorkerLost
 from gateway.approvals import ApprovalGate, ApprovalPolicy, insert_approval, new_approval
 from gateway.approvals import prompt as approval_prompt
 from gateway.config import Config
@@ -240,20 +242,37 @@ class RunExecutor:
         try:
             if job.slots is not None:
                 try:
-                    await self._execute(job)
+                    await self._execute_until_done(job)
                 finally:
                     job.slots.release()
             else:
                 async with contextlib.AsyncExitStack() as held:
                     for semaphore in self._slots_of(job.kind, job.source):
                         await held.enter_async_context(semaphore)
-                    await self._execute(job)
+                    await self._execute_until_done(job)
         except asyncio.CancelledError:
             if job.run_id not in self._stop_requested:
                 raise  # shutdown: the run stays unfinished and resumes on the next start
             await self.cancel_unstarted(job.run_id, job.inbox_id, job.session_key, job.kind)
         finally:
             self._stop_requested.discard(job.run_id)
+
+    async def _execute_until_done(self, job: RunJob) -> None:
+        """Execute the job; when the agent worker running its loop dies, that is a crash of this run: it is started
+        again from the beginning (its attempt counted, given up after ``gateway.max_run_attempts`` as after a
+        crash of the gateway), and its answer is delivered once."""
+        started = job.slots is not None  # accepted as started: its first attempt is counted already
+        while True:
+            try:
+                await self._execute(job, started)
+                return
+            except AgentWorkerLost as exc:
+                logger.warning("run %s: %s; starting it again", job.run_id, exc)
+            if await self.give_up_if_exhausted(job):
+                return
+            if job.steering is not None:
+                job.steering.again()
+            started = False
 
     async def cancel_unstarted(self, run_id: str, inbox_id: int | None, session_key: str, kind: str) -> bool:
         """Record a run stopped by the user before it started as cancelled (and count it); False when it had
@@ -307,12 +326,13 @@ class RunExecutor:
                 await adapter.send_typing(target.chat_id, meta)
             await asyncio.sleep(TYPING_INTERVAL)
 
-    async def _execute(self, job: RunJob) -> None:
+    async def _execute(self, job: RunJob, started: bool) -> None:
+        """One attempt at the job (``started``: the run was marked running as it was accepted)."""
         e = job.event
         session = SessionRef(job.session_key, e.platform, e.chat_id, e.user_id, e.thread_id) if job.history else None
         # With compression on, the history is read after the session's summary (ContextCompressor), not here.
         history_limit = self.cfg.model.history_messages if self.compressor is None else 0
-        context = (RunContext(None, []) if job.slots is not None
+        context = (RunContext(None, []) if started
                    else await self.store.start_run(job.run_id, job.inbox_id, session, history_limit,
                                                    self.resets.reason if self.resets is not None else None))
         if context is None:
@@ -396,6 +416,8 @@ class RunExecutor:
             except ModelError as exc:
                 logger.warning("run %s: model error: %s", job.run_id, exc)
                 done.status, done.error, done.result = "failed", redactor(str(exc)), exc.user_message
+        except AgentWorkerLost:
+            raise  # a crash of this attempt: nothing is recorded, the run starts again
         except Exception as exc:  # a gateway bug: tell the user once, keep the details in the log
             logger.exception("run %s failed unexpectedly", job.run_id)
             done.status, done.error = "failed", redactor(f"{type(exc).__name__}: {exc}")

@@ -59,6 +59,10 @@ class SteerBox(Generic[Job]):
         self.taken += waiting
         return waiting
 
+    def again(self) -> None:
+        """The run starts again from its beginning (its worker died): what it took waits again, first."""
+        self._waiting, self.taken = self.taken + self._waiting, []
+
     def close(self) -> list[Job]:
         """No more offers; the jobs of messages the run never took, oldest first (they run next)."""
         self.closed = True

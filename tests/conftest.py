@@ -128,7 +128,10 @@ def base_config(home: Path, model_url: str, sink_url: str) -> dict[str, Any]:
                   "stream": False},
         "http": {"port": 0, "api_token": API_TOKEN},
         "store": {"url": f"sqlite:///{home}/state.db"},
-        "gateway": {"workspace": str(home / "workspace"), "stream_edit_interval": 0.05, "typing_delay": 0},
+        # Agent loops in-process (a test about agent worker processes turns them on): two workers' start-up per
+        # gateway would cost more CPU than most tests.
+        "gateway": {"workspace": str(home / "workspace"), "stream_edit_interval": 0.05, "typing_delay": 0,
+                    "agent_workers": 0},
         "web": {"allow_private_networks": ["127.0.0.1/32"]},
         "auth": {"platforms": {"telegram": {"allowed_users": ["1001", "1002"]}}},
         "platforms": {

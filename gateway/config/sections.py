@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import math
+import os
 import re
 import zoneinfo
 from collections.abc import Mapping
@@ -241,6 +242,9 @@ class GatewaySettings(_Section):
     # What a chat message does while its session's run is busy (a chat changes it for itself with /busy): wait
     # after it, stop it and start, or steer it (joins the running agent loop before its next model call).
     busy: Literal["queue", "interrupt", "steer"] = "queue"
+    # Processes running the agent loops (model requests, stream parsing, tool orchestration; gateway/agent_workers):
+    # one per core by default, 0 runs them in the gateway's own process (small deployments, tests).
+    agent_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0, le=64)
     max_concurrent_runs: int = Field(64, ge=1)
     max_concurrent_webhook_runs: int = Field(16, ge=1)
     # A run the gateway stopped during this many times is failed (its user told once), not started again.

@@ -288,6 +288,8 @@ class ScriptedModel(FaultQueue):
         self.chunk_delay = chunk_delay
         self.chunk_size = chunk_size
         self.requests: list[JSON] = []
+        self.peer_ports: list[int] = []
+        """The client's port of each recorded request (which process asked: tests map it to a pid)."""
         self.in_flight = 0
         """Chat-completion requests being answered now; ``peak_in_flight`` is the most at once."""
         self.peak_in_flight = 0
@@ -439,6 +441,8 @@ class ScriptedModel(FaultQueue):
         if isinstance(body, web.Response):
             return body
         self._record(body)
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        self.peer_ports.append(peer[1] if peer else 0)
         if not isinstance(body.get("messages"), list):
             return error_response(400, "Missing required parameter: 'messages'.", param="messages")
         if not isinstance(body.get("model"), str):
