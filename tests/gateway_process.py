@@ -13,6 +13,14 @@ from pathlib import Path
 import aiohttp
 
 
+def _cmdline(pid: int) -> bytes:
+    """The process's command line (empty once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 class GatewayProcess:
     """`python -m gateway run` with a config file; tells its port from the startup line."""
 
@@ -22,6 +30,10 @@ class GatewayProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
         self.stderr_path = home / f"gateway-{uuid.uuid4().hex[:6]}.log"
+        self.workers_seen = 0
+        """Agent workers it had when it was last killed."""
+        self.lingering: list[int] = []
+        """Those of them still running after that kill (none should)."""
 
     async def start(self) -> None:
         """Spawn the process; returns once it printed its startup line (its port)."""
@@ -54,12 +66,29 @@ class GatewayProcess:
                 await asyncio.sleep(0.05)
         await asyncio.wait_for(poll(), timeout)
 
-    async def kill(self) -> None:
-        """SIGKILL: no shutdown, no cleanup, as when the machine or the OOM killer takes the process."""
+    def workers(self) -> list[int]:
+        """Process ids of its agent worker processes (its children running ``gateway.agent_worker``)."""
         assert self.proc is not None
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except FileNotFoundError:
+            return []
+        return [int(pid) for pid in children if b"gateway.agent_worker" in _cmdline(int(pid))]
+
+    async def kill(self) -> None:
+        """SIGKILL: no shutdown, no cleanup, as when the machine or the OOM killer takes the process. Its agent
+        workers must follow it (their socket closes): ``lingering`` keeps those still alive 5 s later."""
+        assert self.proc is not None
+        workers = self.workers()
+        self.workers_seen = len(workers)
         self.proc.send_signal(signal.SIGKILL)
         await self.proc.wait()
         self._stderr.close()
+        for _ in range(100):
+            self.lingering = [pid for pid in workers if _cmdline(pid)]
+            if not self.lingering:
+                return
+            await asyncio.sleep(0.05)
 
     async def terminate(self) -> int:
         """SIGTERM (drain, then exit); returns the exit code."""

@@ -216,9 +216,17 @@ async def test_sigkill_at_random_moments_loses_nothing_and_answers_once(
         verdict.add("webhooks never acknowledged", f"{inp.token} ({inp.dedupe_key})")
     if exit_code != 0:
         verdict.add("the final gateway did not stop cleanly", f"exit code {exit_code}; log {gateway.stderr_path}")
+    killed = world.processes[:-1]
+    for process in killed:
+        for pid in process.lingering:
+            verdict.add("agent workers outliving their killed gateway", f"pid {pid} ({process.stderr_path})")
+    if not any(process.workers_seen == 2 for process in killed):
+        verdict.add("agent workers", "no killed gateway had its two agent worker processes")
     modes = ", ".join(f"{m} {n}" for m, n in sorted(chaos.modes.items()))
     timeouts = sum(chaos.timeouts.values())
+    workers = sum(process.workers_seen for process in killed)
     report += [f"kills {kills} ({modes}), restarts {kills}, trigger waits that timed out {timeouts}; "
+               f"{workers} agent worker processes killed with their gateway, none left running; "
                f"{chaos_done - started:.1f} s of chaos, {drained - chaos_done:.1f} s to drain and stop",
                *figures(world, driver, db, replies, verdict)]
     if outstanding:

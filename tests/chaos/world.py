@@ -129,7 +129,9 @@ class World:
         overrides: dict[str, Any] = {
             "model": {"timeout": 30, "vision": True},  # photos reach the model as image parts
             # Kills here hit innocent runs at random, and every input must still complete: no poison-run cap.
-            "gateway": {"drain_timeout": 2, "max_run_attempts": 1_000_000},
+            # Agent loops in two worker processes: a kill of the gateway takes them down with it (their socket
+            # closes) and the restarted gateway starts new ones.
+            "gateway": {"drain_timeout": 2, "max_run_attempts": 1_000_000, "agent_workers": 2},
             "limits": {"user_messages_per_minute": 100_000, "user_burst": 100_000},
             "auth": {"platforms": {"telegram": {"allowed_users": [str(u) for u in TELEGRAM_USERS]},
                                    "slack": {"allowed_users": list(SLACK_USERS)},
