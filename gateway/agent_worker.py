@@ -59,16 +59,36 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
     return pickle.loads(await reader.readexactly(size))
 
 
-def write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
-    """Queue one message (plain data and the gateway's own dataclasses only)."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(_HEADER.pack(len(data)) + data)
+class FrameWriter:
+    """Writes messages (plain data and the gateway's own dataclasses only) to the socket, those of one event-loop
+    iteration together: a socket write is a system call, and under load a loop iteration has many frames."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._queued: list[bytes] = []
+
+    def send(self, message: Any) -> None:
+        """Queue one message; it is written at the end of this loop iteration."""
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if not self._queued:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._queued += (_HEADER.pack(len(data)), data)
+
+    def _flush(self) -> None:
+        queued, self._queued = self._queued, []
+        if not self.writer.is_closing():
+            self.writer.write(b"".join(queued))
+
+    def close(self) -> None:
+        """Close the connection (what is queued is dropped)."""
+        self._queued.clear()
+        self.writer.close()
 
 
 class _RemoteSide:
     """``agent_loop.RunSide`` of a loop running here: the gateway's part, asked over the socket."""
 
-    def __init__(self, worker: _Worker, rid: str) -> None:
+    def __init__(self, worker: _Worker, rid: int) -> None:
         self.worker = worker
         self.rid = rid
         self._sent_at = 0.0
@@ -115,17 +135,17 @@ class _Worker:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, settings: ModelSettings,
                  client: openai.AsyncOpenAI) -> None:
         self.reader = reader
-        self.writer = writer
+        self.frames = FrameWriter(writer)
         self.caller = ModelCaller(settings, client, lambda error: self.send(("model_error_seen", error)))
-        self.runs: dict[str, asyncio.Task[None]] = {}
+        self.runs: dict[int, asyncio.Task[None]] = {}
         self._asks: dict[int, asyncio.Future[Any]] = {}
         self._seq = 0
         self._lags: deque[float] = deque(maxlen=int(HEALTH_EVERY / _LAG_SAMPLE) + 1)
 
     def send(self, message: Any) -> None:
-        write_frame(self.writer, message)
+        self.frames.send(message)
 
-    async def ask(self, rid: str, op: str, *args: Any) -> Any:
+    async def ask(self, rid: int, op: str, *args: Any) -> Any:
         self._seq += 1
         seq = self._seq
         future = self._asks[seq] = asyncio.get_running_loop().create_future()
@@ -159,7 +179,7 @@ class _Worker:
             for task in self.runs.values():
                 task.cancel()
 
-    async def _run(self, rid: str, req: LoopRequest) -> None:
+    async def _run(self, rid: int, req: LoopRequest) -> None:
         side = _RemoteSide(self, rid)
         try:
             outcome = await run_loop(side, self.caller, req)

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.agent import GatewaySide
 from gateway.agent_loop import LoopRequest, RunOutcome
-from gateway.agent_worker import WorkerSettings, read_frame, write_frame
+from gateway.agent_worker import FrameWriter, WorkerSettings, read_frame
 from gateway.config import ModelSettings
 from gateway.metrics import Metrics
 from gateway.model_errors import ModelError
@@ -55,8 +55,8 @@ class _Process:
 
     proc: asyncio.subprocess.Process
     reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    loops: dict[str, _Loop] = field(default_factory=dict)
+    frames: FrameWriter
+    loops: dict[int, _Loop] = field(default_factory=dict)
     ready: bool = False
     lag: float = 0.0
     running: int = 0  # loops the worker says it runs (its last health report)
@@ -75,6 +75,7 @@ class AgentWorkers:
         self._keepers: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()  # set whenever a worker becomes ready (or the pool stops)
         self._stopping = False
+        self._ids = itertools.count(1)  # loop ids (a uuid would cost a getrandom system call per run)
         self.restarts = 0
         """Workers replaced after they died."""
 
@@ -110,15 +111,15 @@ class AgentWorkers:
     async def run(self, side: GatewaySide, req: LoopRequest) -> RunOutcome:
         """Run one loop in the least busy worker, answering its questions with ``side``."""
         proc = await self._pick()
-        lid = uuid.uuid4().hex
+        lid = next(self._ids)
         loop = _Loop(side, asyncio.get_running_loop().create_future())
         proc.loops[lid] = loop
         try:
-            write_frame(proc.writer, ("run", lid, req))
+            proc.frames.send(("run", lid, req))
             return await loop.outcome
         except asyncio.CancelledError:
             if proc.ready:
-                write_frame(proc.writer, ("cancel", lid))
+                proc.frames.send(("cancel", lid))
             raise
         finally:
             proc.loops.pop(lid, None)
@@ -164,8 +165,9 @@ class AgentWorkers:
         finally:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        write_frame(writer, self.settings)
-        return _Process(child, reader, writer)
+        frames = FrameWriter(writer)
+        frames.send(self.settings)
+        return _Process(child, reader, frames)
 
     async def _serve(self, proc: _Process) -> None:
         """Handle a worker's frames until its connection ends."""
@@ -200,16 +202,16 @@ class AgentWorkers:
                 self.metrics.agent_workers.set(self.ready())
                 self._changed.set()
 
-    async def _answer(self, proc: _Process, loop: _Loop, lid: str, seq: int, op: str, args: tuple[Any, ...]) -> None:
+    async def _answer(self, proc: _Process, loop: _Loop, lid: int, seq: int, op: str, args: tuple[Any, ...]) -> None:
         """Answer one question of a loop; when the gateway's part fails, the run fails with that error here."""
         try:
             value = await getattr(loop.side, op)(*args)
         except Exception as exc:
             if not loop.outcome.done():
                 loop.outcome.set_exception(exc)
-            write_frame(proc.writer, ("cancel", lid))
+            proc.frames.send(("cancel", lid))
             return
-        write_frame(proc.writer, ("reply", seq, value))
+        proc.frames.send(("reply", seq, value))
 
     async def _end(self, proc: _Process) -> None:
         """After a worker's connection ended: its loops are lost; the process is gone (or killed)."""
@@ -218,7 +220,7 @@ class AgentWorkers:
         for lid, loop in list(proc.loops.items()):
             if not loop.outcome.done():
                 loop.outcome.set_exception(AgentWorkerLost(f"agent worker {proc.proc.pid} died running loop {lid}"))
-        proc.writer.close()
+        proc.frames.close()
         try:
             await asyncio.wait_for(proc.proc.wait(), _STOP_TIMEOUT)
         except (TimeoutError, asyncio.CancelledError):
