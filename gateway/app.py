@@ -180,7 +180,7 @@ class Gateway:
         self._source_toolsets = install_source_toolsets(cfg, self.plugins)
         install_tool_backends(self.store, asyncio.get_running_loop())
         set_describer(vision_describer(cfg))
-        runs = cfg.gateway.max_concurrent_runs + cfg.gateway.max_concurrent_webhook_runs
+        runs = sum(ceiling for _, ceiling in cfg.gateway.run_limits().values())  # every kind's ceiling
         self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time
         await load_sdk_modules()
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
@@ -244,6 +244,11 @@ class Gateway:
         # After that collection: start-up's own pause is not a stall worth reporting.
         self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
         self._watchdog.start()
+        # Run limits follow the loops' lag (this process's and the agent workers') from now on.
+        if self.workers is not None:
+            executor.admission.start(self._watchdog.lag_p99, self.workers.worst_lag)
+        else:
+            executor.admission.start(self._watchdog.lag_p99)
         logger.info("gateway started: platforms=%s http=%s:%s", ",".join(self.adapters), cfg.http.host, self.port)
 
     async def _follow_leadership(self) -> None:
@@ -336,6 +341,8 @@ class Gateway:
                 await adapter.disconnect()
             except Exception as exc:
                 logger.warning("platform %s did not disconnect cleanly: %s", name, exc)
+        if self.router is not None:
+            await self.router.executor.admission.stop()
         if self._watchdog is not None:
             await self._watchdog.stop()
         if self.http is not None:

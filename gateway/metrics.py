@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -62,6 +62,11 @@ class Metrics:
         """Export the tool sandbox's counters (``SandboxPool.stats``), read at every scrape."""
         self.registry.register(_SandboxCollector(stats))
 
+    def watch_admission(self, limits: Callable[[], Iterable[tuple[str, int, int, int]]]) -> None:
+        """Export admission control's limits (gateway/admission.py) as (kind, limit, in flight, waiting), read at
+        every scrape."""
+        self.registry.register(_AdmissionCollector(limits))
+
     def render(self) -> bytes:
         """Prometheus text exposition."""
         return generate_latest(self.registry)
@@ -85,3 +90,22 @@ class _SandboxCollector(Collector):
                                   value=stats["killed"])
         yield GaugeMetricFamily("hermes_sandbox_workers_idle", "Sandbox workers waiting for a call",
                                 value=stats["idle"])
+
+
+class _AdmissionCollector(Collector):
+    """Admission control's limits change every interval and its routes' limits come and go: read them at scrape
+    time."""
+
+    def __init__(self, limits: Callable[[], Iterable[tuple[str, int, int, int]]]) -> None:
+        self._limits = limits
+
+    def collect(self) -> Iterator[Metric]:
+        kinds = "by kind (chat, cron, webhook: all routes, webhook:<route>)"
+        families = [GaugeMetricFamily("hermes_admission_limit", f"Runs allowed at once now, {kinds}", labels=["kind"]),
+                    GaugeMetricFamily("hermes_admission_in_flight", f"Runs holding a slot, {kinds}", labels=["kind"]),
+                    GaugeMetricFamily("hermes_admission_waiting", f"Runs waiting for a slot, {kinds}",
+                                      labels=["kind"])]
+        for kind, *values in self._limits():
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([kind], value)
+        yield from families

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import model_tools
+from gateway.admission import AdaptiveLimit, Admission
 from gateway.agent import Agent, message_tokens, trim_history
 from gateway.agent_loop import RunOutcome
 from gateway.agent_workers import AgentWorkerLost
@@ -99,7 +100,7 @@ class RunJob:
 class HeldSlots:
     """Concurrency slots taken for a run before it was accepted; released when it ends."""
 
-    semaphores: tuple[asyncio.Semaphore, ...]
+    semaphores: tuple[AdaptiveLimit, ...]
 
     def release(self) -> None:
         """Give the slots back (once)."""
@@ -192,10 +193,8 @@ class RunExecutor:
         self.adapters = adapters
         self.outbox = outbox
         self.metrics = metrics
-        self._chat_slots = asyncio.Semaphore(cfg.gateway.max_concurrent_runs)
-        self._webhook_slots = asyncio.Semaphore(cfg.gateway.max_concurrent_webhook_runs)
-        self._route_slots = {name: asyncio.Semaphore(route.max_concurrency)
-                             for name, route in cfg.platforms.webhook.routes.items()}
+        self.admission = Admission(cfg.gateway, cfg.platforms.webhook.routes, metrics)
+        agent.on_model_seconds = self.admission.observe_model
         self._cancel: dict[str, threading.Event] = {}
         self.user_budgets = UserBudgets(cfg.limits, store.db)
         self._stop_requested: set[str] = set()
@@ -222,10 +221,8 @@ class RunExecutor:
         if event is not None:
             event.set()
 
-    def _slots_of(self, kind: str, source: str) -> tuple[asyncio.Semaphore, ...]:
-        if kind == "webhook":  # the route's slot first: runs queued behind a busy route must not hold global ones
-            return self._route_slots.setdefault(source, asyncio.Semaphore(4)), self._webhook_slots
-        return (self._chat_slots,)
+    def _slots_of(self, kind: str, source: str) -> tuple[AdaptiveLimit, ...]:
+        return self.admission.slots_of(kind, source)
 
     async def take_free_webhook_slots(self, source: str) -> HeldSlots | None:
         """A webhook run's slots, if all are free now (without waiting): the run can then start as it is

@@ -14,16 +14,21 @@ the main thread's stack then (while the loop is still stuck) and, once the loop 
 how long the stall was and where (the innermost frame of the gateway's own code). The whole stack follows
 only from the second stall on (a stall that repeats is worth reading), or at DEBUG; a stall that goes on
 for ``hang_after`` seconds (default 5) is reported with its stack at once, without waiting for its end.
+
+The samples are also kept in a bounded window: ``lag_p99()`` gives admission control (gateway/admission.py)
+the 99th percentile since its last call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -39,6 +44,7 @@ IDLE_INTERVAL = 0.05
 # alone uses about 2 %).
 BUSY_CPU_SHARE = 0.05
 HANG_AFTER = 5.0
+WINDOW = 4096  # lag samples kept for lag_p99(): 20 s of a busy loop
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -81,6 +87,7 @@ class LoopWatchdog:
         self._stop = threading.Event()
         self._loop_thread_id = threading.get_ident()
         self.max_lag = 0.0
+        self._window: deque[float] = deque(maxlen=WINDOW)
 
     def start(self) -> None:
         """Start sampling on the running loop and the detector thread."""
@@ -115,9 +122,16 @@ class LoopWatchdog:
         self._deadline = time.monotonic() + interval
         self.metrics.loop_lag.set(lag)
         self.metrics.loop_lag_histogram.observe(lag)
+        self._window.append(lag)
         if lag > self.max_lag:
             self.max_lag = lag
             self.metrics.loop_lag_max.set(lag)
+
+    def lag_p99(self) -> float | None:
+        """The 99th percentile of the lag samples since the last call (None: no sample yet); starts a new window."""
+        samples = sorted(self._window)
+        self._window.clear()
+        return samples[math.ceil(0.99 * len(samples)) - 1] if samples else None
 
     def _detect(self) -> None:
         stall: _Stall | None = None

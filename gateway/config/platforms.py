@@ -99,7 +99,8 @@ class WebhookRoute(_Section):
     deliver_to: Annotated[str, AfterValidator(_check_deliver_to)] = "none"
     rate_limit_per_minute: int = Field(60, ge=1)
     max_body_bytes: int = Field(262144, ge=1)
-    max_concurrency: int = Field(4, ge=1)
+    # Most runs of this route at once (its admission ceiling); None: only gateway.max_concurrent_webhook_runs.
+    max_concurrency: int | None = Field(None, ge=1)
     tolerance_seconds: int = Field(300, ge=1)
     replay_window_seconds: int = Field(int(DEFAULT_REPLAY_WINDOW), ge=1)
     allow_unsigned_id: bool = False

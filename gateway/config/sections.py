@@ -236,6 +236,36 @@ class HttpSettings(_Section):
         return self
 
 
+# Each kind's floor when gateway.admission leaves it unset (lowered to the kind's ceiling when that is lower).
+ADMISSION_FLOORS = {"chat": 16, "webhook": 16, "cron": 2}
+
+
+class AdmissionFloor(_Section):
+    """The fewest runs of a kind admission control lets go on at once, however unhealthy the gateway looks."""
+
+    floor: int | None = Field(None, ge=1)  # None: ADMISSION_FLOORS' (at most the ceiling)
+
+
+class CronAdmission(AdmissionFloor):
+    """Cron runs have their own ceiling (chat's and webhooks' are gateway.max_concurrent_runs and
+    gateway.max_concurrent_webhook_runs)."""
+
+    ceiling: int = Field(16, ge=1)
+
+
+class AdmissionSettings(_Section):
+    """``gateway.admission``: how many runs go on at once follows measured health (event-loop lag, model latency;
+    gateway/admission.py), between each kind's floor and ceiling. Off, each kind runs at its ceiling."""
+
+    enabled: bool = True
+    lag_target_ms: float = Field(5.0, gt=0)  # event-loop lag p99 above this lowers the limits
+    interval: float = Field(0.25, gt=0, le=60)  # seconds between adjustments
+    latency_tolerance: float = Field(2.0, ge=1)  # model latency above this times its long-term average lowers them
+    chat: AdmissionFloor = Field(default_factory=AdmissionFloor)
+    webhook: AdmissionFloor = Field(default_factory=AdmissionFloor)
+    cron: CronAdmission = Field(default_factory=CronAdmission)
+
+
 class GatewaySettings(_Section):
     """Concurrency, busy-session policy and shutdown behaviour of the core."""
 
@@ -245,8 +275,10 @@ class GatewaySettings(_Section):
     # Processes running the agent loops (model requests, stream parsing, tool orchestration; gateway/agent_workers):
     # one per core by default, 0 runs them in the gateway's own process (small deployments, tests).
     agent_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0, le=64)
-    max_concurrent_runs: int = Field(64, ge=1)
-    max_concurrent_webhook_runs: int = Field(16, ge=1)
+    # Ceilings of concurrent runs: chat (with background and API runs), and webhook runs of all routes together.
+    max_concurrent_runs: int = Field(256, ge=1)
+    max_concurrent_webhook_runs: int = Field(1000, ge=1)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     # A run the gateway stopped during this many times is failed (its user told once), not started again.
     max_run_attempts: int = Field(2, ge=1)
     tool_threads: int = Field(32, ge=1)
@@ -269,6 +301,29 @@ class GatewaySettings(_Section):
     @classmethod
     def _resolve_workspace(cls, value: Path, info: ValidationInfo) -> Path:
         return _resolve_path(value, info)
+
+    @model_validator(mode="after")
+    def _floors_under_ceilings(self) -> Self:
+        keys = {"chat": "max_concurrent_runs", "webhook": "max_concurrent_webhook_runs",
+                "cron": "admission.cron.ceiling"}
+        problems = []
+        for kind, (_, ceiling) in self.run_limits().items():
+            floor = getattr(self.admission, kind).floor
+            if floor is not None and floor > ceiling:
+                problems.append(_Problem(("admission", kind, "floor"),
+                                         f"{floor} is above its ceiling gateway.{keys[kind]} ({ceiling})",
+                                         f"lower it to at most {ceiling}, or raise gateway.{keys[kind]}"))
+        _raise_if(problems)
+        return self
+
+    def run_limits(self) -> dict[str, tuple[int, int]]:
+        """Each kind's (floor, ceiling) of concurrent runs: chat, webhook (all routes together) and cron; with
+        admission off, each floor is its ceiling."""
+        a = self.admission
+        ceilings = {"chat": self.max_concurrent_runs, "webhook": self.max_concurrent_webhook_runs,
+                    "cron": a.cron.ceiling}
+        return {kind: (ceiling if not a.enabled else min(getattr(a, kind).floor or ADMISSION_FLOORS[kind], ceiling),
+                       ceiling) for kind, ceiling in ceilings.items()}
 
 
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")  # what a plugin's command may be called (tools/plugins.py)

@@ -225,7 +225,7 @@ def test_unknown_key_with_suggestion() -> None:
     assert err.path == "gateway.bussy"
     assert err.message == "unknown key"
     assert "did you mean 'busy'?" in err.hint
-    assert "allowed: busy, drain_timeout, group_sessions_per_user" in err.hint
+    assert "allowed: admission, agent_workers, busy, drain_timeout, group_sessions_per_user" in err.hint
 
 
 def test_unknown_top_level_key() -> None:
