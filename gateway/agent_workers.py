@@ -34,6 +34,11 @@ RESTART_DELAY = 0.1
 MAX_RESTART_DELAY = 5.0
 _YOUNG = 10.0  # seconds: a worker dying sooner than this after its start counts towards the backoff
 _STOP_TIMEOUT = 3.0
+HANG_AFTER = 15.0
+"""Seconds a ready worker may send nothing (it reports its health 4 times a second) before it is taken for hung,
+killed and replaced."""
+START_TIMEOUT = 60.0
+"""Seconds a new worker has to become ready."""
 
 
 class AgentWorkerLost(Exception):
@@ -78,6 +83,8 @@ class AgentWorkers:
         self._ids = itertools.count(1)  # loop ids (a uuid would cost a getrandom system call per run)
         self.restarts = 0
         """Workers replaced after they died."""
+        self.hang_after = HANG_AFTER
+        """Seconds a ready worker may stay silent before it is killed as hung."""
 
     async def start(self) -> None:
         """Start the workers in the background (runs wait for the first to be ready)."""
@@ -98,6 +105,10 @@ class AgentWorkers:
     def ready(self) -> int:
         """Workers ready for loops."""
         return sum(1 for p in self._slots if p is not None and p.ready)
+
+    def status(self) -> dict[str, int]:
+        """For /readyz: workers configured, ready, and replaced since start."""
+        return {"configured": self.size, "ready": self.ready(), "restarts": self.restarts}
 
     def loops(self) -> int:
         """Loops this process waits for, and loops the workers last said they run (the larger of each)."""
@@ -170,11 +181,17 @@ class AgentWorkers:
         return _Process(child, reader, frames)
 
     async def _serve(self, proc: _Process) -> None:
-        """Handle a worker's frames until its connection ends."""
+        """Handle a worker's frames until its connection ends, or it hangs (then it is killed)."""
         while True:
+            silent = self.hang_after if proc.ready else START_TIMEOUT
             try:
-                message = await read_frame(proc.reader)
+                message = await asyncio.wait_for(read_frame(proc.reader), silent)
             except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            except TimeoutError:
+                logger.error("agent worker pid %s sent nothing for %.0f s: killing it", proc.proc.pid, silent)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.proc.kill()
                 return
             kind = message[0]
             if kind == "ask":

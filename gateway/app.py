@@ -292,7 +292,8 @@ class Gateway:
         return ready, {"store": "ok" if store_ok else "unreachable", "draining": self._stopped, "platforms": platforms,
                        "coordination": self.coordinator.status(),
                        "mcp": self.mcp.readiness() if self.mcp else {},
-                       "plugins": {p.name: p.to_dict() for p in self.plugins.statuses} if self.plugins else {}}
+                       "plugins": {p.name: p.to_dict() for p in self.plugins.statuses} if self.plugins else {},
+                       "agent_workers": self.workers.status() if self.workers is not None else None}
 
     async def _summary(self) -> dict[str, Any]:
         assert self.store is not None

@@ -16,7 +16,7 @@ import pytest
 from gateway.agent_workers import AgentWorkers
 from gateway.sim.model_server import ScriptedModel, text, tool_call
 from gateway.sim.telegram_api import DEFAULT_USER_ID, TelegramSimulator
-from tests.conftest import GatewayFactory, Harness
+from tests.conftest import API_TOKEN, GatewayFactory, Harness
 from tests.gateway.conftest import StartTelegramGateway
 
 CHAT = DEFAULT_USER_ID
@@ -83,6 +83,8 @@ async def test_the_worker_count_is_honoured_the_model_is_asked_from_a_worker_and
         assert int(_proc_field(pid, "PPid")) == os.getpid()
         assert "gateway.agent_worker" in Path(f"/proc/{pid}/cmdline").read_text()
     assert await _metric(h, "hermes_agent_workers") == 3
+    async with h.http.get(f"{h.base_url}/readyz", headers={"Authorization": f"Bearer {API_TOKEN}"}) as r:
+        assert (await r.json())["agent_workers"] == {"configured": 3, "ready": 3, "restarts": 0}
 
     await h.chat.user_says("hello")
     await h.chat.wait_for(lambda: len(h.chat.sent) == 1)
@@ -202,3 +204,24 @@ async def test_stop_cancels_a_run_whose_loop_is_in_a_worker(make_gateway: Gatewa
     assert pool.pids() == [pid] and pool.restarts == 0  # the worker lives on
     await h.chat.user_says("next one")
     await h.chat.wait_for(lambda: "quick answer" in h.chat.final_texts())
+
+
+async def test_a_hung_worker_is_killed_and_its_run_redone(make_gateway: GatewayFactory) -> None:
+    asked: list[int] = []
+
+    async def responder(body: dict[str, Any]) -> str:
+        asked.append(len(asked))
+        return "the answer"
+
+    h = await make_gateway({"gateway": {"agent_workers": 1}}, responder=responder)
+    pool = await _workers(h, 1)
+    pool.hang_after = 1.0
+    await asyncio.sleep(0.6)  # the next health reports start waits of the new length
+    [pid] = pool.pids()
+    os.kill(pid, signal.SIGSTOP)  # hung: alive, but its loop answers nothing
+    run_id = (await h.chat.user_says("are you there?")).run_id
+    run = await h.wait_run(run_id, timeout=20)
+    assert run["status"] == "completed" and run["result"] == "the answer"
+    assert pool.restarts == 1 and pid not in pool.pids()
+    assert run["attempts"] == 2 and len(asked) == 1  # the hung attempt never reached the model
+    await _until(lambda: not Path(f"/proc/{pid}").exists())  # killed and reaped
