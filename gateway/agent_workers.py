@@ -98,6 +98,14 @@ class AgentWorkers:
             keeper.cancel()
         await asyncio.gather(*self._keepers, return_exceptions=True)
 
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait until a worker is ready for loops (at most ``timeout`` seconds: a warning then)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._pick()
+        except TimeoutError:
+            logger.warning("no agent worker ready after %.0f s; runs wait for one", timeout)
+
     def pids(self) -> list[int]:
         """Process ids of the workers running now."""
         return [p.proc.pid for p in self._slots if p is not None and p.proc.returncode is None]

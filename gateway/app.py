@@ -58,6 +58,7 @@ from toolsets import (
 )
 
 logger = logging.getLogger(__name__)
+WORKERS_START_WAIT = 30.0  # seconds start() waits for a first agent worker (runs wait for one anyway)
 
 
 def _redact_tool_result(name: str, args: dict[str, Any], result: str) -> str:
@@ -157,6 +158,11 @@ class Gateway:
         for enabled in plugin_platforms.values():
             redactor.add(enabled.secrets)
         self._plugin_parts.install(self.plugins)
+        if cfg.gateway.agent_workers and not self.local:  # the console chat keeps its one loop in-process
+            # Started first: their start-up (~1 s of imports each) overlaps the gateway's own.
+            self.workers = AgentWorkers(cfg.gateway.agent_workers, cfg.model,
+                                        sum(ceiling for _, ceiling in cfg.gateway.run_limits().values()), self.metrics)
+            await self.workers.start()
         self.store = await Store.open(cfg.store.url)
         if not self.local:
             self.pruner = Pruner(self.store, cfg.store.retention, cfg.limits)
@@ -186,10 +192,7 @@ class Gateway:
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
         agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics,
                       max_turn_result_chars=cfg.tools.max_turn_result_chars)
-        if cfg.gateway.agent_workers and not self.local:  # the console chat keeps its one loop in-process
-            self.workers = AgentWorkers(cfg.gateway.agent_workers, cfg.model, runs, self.metrics)
-            await self.workers.start()
-            agent.workers = self.workers
+        agent.workers = self.workers
         self.adapters = {**({} if self.local else build_adapters(cfg, plugin_platforms)), **self._extra_adapters}
         platform_state = PlatformStateStore(self.store)
         for adapter in self.adapters.values():
@@ -222,6 +225,8 @@ class Gateway:
                 if routes is not None:
                     self.http.add_routes(routes())
             # Unfinished work first, before anything new can be accepted: older events keep their place.
+            if self.workers is not None:  # runs resumed or accepted from now on do not wait for a worker to start
+                await self.workers.wait_ready(WORKERS_START_WAIT)
             await self.router.resume()
             self._accepting = True
             await self.http.start()
