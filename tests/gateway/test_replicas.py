@@ -117,8 +117,9 @@ async def cluster(store_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
                       "stream": False, "timeout": 60},
             "http": {"port": 0},
             "store": {"url": store_url},
+            # Each replica runs its agent loops in two worker processes of its own.
             "gateway": {"workspace": str(tmp_path / "workspace"), "drain_timeout": 1,
-                        "max_concurrent_webhook_runs": 64},
+                        "max_concurrent_webhook_runs": 64, "agent_workers": 2},
             "auth": {"platforms": {"telegram": {"allowed_users": [str(ALICE)]}}},
             "cron": {"sync_interval_seconds": 0.5},
             "logging": {"level": "WARNING"},
