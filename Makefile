@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint chaos bench bench-webhook bench-chat bench-loop-lag bench-memory bench-tools bench-cron \
-	bench-sandbox bench-profile bench-replicas soak mutate clean
+	bench-sandbox bench-profile bench-replicas bench-overload soak mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,13 @@ bench-sandbox: $(STAMP)
 # 1, 2 and 3 replicas on one PostgreSQL database (started by .ci/start-postgres unless HERMES_TEST_PG_URL is set).
 bench-replicas: $(STAMP)
 	HERMES_TEST_PG_URL="$${HERMES_TEST_PG_URL:-$$(.ci/start-postgres)}" $(BENCH).bench_replicas
+
+# Overload and agent workers (issue #28): worker processes against in-process loops, 1,000 webhooks at once, chat in
+# a webhook storm, the tool storms (~12 minutes); then adaptive admission against fixed limits in a 60 s burst at
+# twice the maximum (~14 minutes). Both write bench/results/overload.json.
+bench-overload: $(STAMP)
+	$(BENCH).bench_overload --scenarios throughput,at-once,chat,storms
+	$(BENCH).bench_overload --scenarios burst
 
 # pyinstrument profile of the gateway under the webhook load: bench/results/webhook_profile.html
 bench-profile: $(STAMP)

@@ -23,8 +23,11 @@ many runs).
 window, its event-loop iterations whose callbacks ran over 5 ms: how many, how long, and how many callbacks
 each ran (one slow callback, or hundreds of short ones).
 
+``--agent-workers N`` sets ``gateway.agent_workers`` (default: the product's, one per core; 0 runs the agent
+loops in the gateway's process; ``bench_overload`` compares the two).
+
     python -m bench.bench_loop_lag [--calls 200] [--sleep 1.0] [--cpu-ms 20] [--webhook-rate 20] [--sandbox none]
-                                   [--trace-iterations]
+                                   [--agent-workers N] [--trace-iterations]
 """
 
 from __future__ import annotations
@@ -218,8 +221,9 @@ async def storm_gateway(home: Path, args: argparse.Namespace, tools: Mapping[str
         sink, sim = BenchSink(), BenchTelegram()
         await sink.start()
         await sim.start()
+        workers = {} if args.agent_workers is None else {"agent_workers": args.agent_workers}
         config = write_gateway_config(home, model.base_url, sink.url, telegram=sim, overrides={
-            "gateway": {"tool_threads": args.tool_threads},
+            "gateway": {"tool_threads": args.tool_threads, **workers},
             "plugins": {"dir": str(plugins), "entry_points": False},
             "toolsets": {"telegram": "plugin-bench"},
             "tools": dict(tools or {})})
@@ -239,13 +243,18 @@ def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=200, help="concurrent tool calls per storm")
     parser.add_argument("--cpu-ms", type=float, default=20.0, help="CPU milliseconds of each CPU-bound call")
     parser.add_argument("--tool-threads", type=int, default=256, help="gateway.tool_threads")
+    parser.add_argument("--agent-workers", type=int, default=None,
+                        help="gateway.agent_workers (default: the product's, one per core; 0: the agent loops in "
+                             "the gateway's own process)")
     parser.add_argument("--webhook-rate", type=float, default=20.0, help="webhooks per second during a storm")
     parser.add_argument("--webhook-seconds", type=float, default=2.0, help="how long webhooks keep arriving")
     parser.add_argument("--settle", type=float, default=2.0, help="quiet seconds before each window")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one answer")
 
 
-async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+async def run_storms(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    """The idle and webhooks-only controls, then each storm, on one gateway in ``home``: their windows (with the
+    traced long iterations under ``--trace-iterations``) and the gateway's log problems."""
     trace = home / "iterations.jsonl" if args.trace_iterations else None
     env = trace_env(trace) if trace else {}
     rows: list[dict[str, Any]] = []
@@ -264,8 +273,8 @@ async def _run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     return {"windows": rows, "gateway_log_problems": gateway.service.log_problems()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command line entry point."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options (also how ``bench_overload`` gets this bench's defaults)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_storm_arguments(parser)
     parser.add_argument("--sleep", type=float, default=1.0, help="seconds each sleeping tool sleeps")
@@ -275,15 +284,21 @@ def main(argv: list[str] | None = None) -> None:
                              "always measured; bench_sandbox compares both)")
     parser.add_argument("--trace-iterations", action="store_true",
                         help="trace the gateway's loop iterations over 5 ms (bench/loop_trace; adds overhead)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point."""
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="hermes-bench-lag-") as tmp:
-        out = asyncio.run(_run(args, Path(tmp)))
+        out = asyncio.run(run_storms(args, Path(tmp)))
     out["load_average"] = {"before": load_before, "after": os.getloadavg()}
     rows = out["windows"]
     print_table(f"Main-loop lag of a gateway subprocess (Telegram adapter + webhooks) during {args.calls} concurrent "
-                f"tool calls (tool_threads={args.tool_threads}, tools.sandbox: {args.sandbox}), from its own watchdog "
+                f"tool calls (tool_threads={args.tool_threads}, tools.sandbox: {args.sandbox}, agent_workers: "
+                f"{'default' if args.agent_workers is None else args.agent_workers}), from its own watchdog "
                 f"histogram; ms",
                 ["storm", "seconds", "lag p50", "lag p99", "lag max", "ack p50", "ack p99", "errors"],
                 [[r["storm"], r["seconds"], r["lag"]["p50_ms"], r["lag"]["p99_ms"],
