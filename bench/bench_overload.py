@@ -8,7 +8,8 @@ of their own. CPU is the gateway's whole process tree (its agent and sandbox wor
 (``--scenarios``, all by default):
 
 1. ``throughput``: closed loop (``--concurrency`` workers), 0 ms model, one ``read_file`` call per run: runs/s and
-   CPU ms per run with ``--workers`` agent workers, in-process, and the relays of ``bench_webhook`` (floors).
+   CPU ms per run with ``--workers`` agent workers and in-process, with admission on and off (``--admission``),
+   and the relays of ``bench_webhook`` (floors); ``--rounds`` alternating rounds.
 2. ``burst``: webhooks offered open loop at ``--burst-factor`` times the workers' closed-loop maximum for
    ``--burst-seconds``, the same rate for every contender: adaptive admission (with workers, and in-process) and
    admission off at fixed ceilings (``--fixed``). Ack latency, main-loop lag (the gateway's own histogram) over the
@@ -18,10 +19,12 @@ of their own. CPU is the gateway's whole process tree (its agent and sandbox wor
    model requests and runs in flight, time from the first post to the last delivery. Each run makes one model
    call (a plain answer; ``--slow-tool``: a tool call and an answer, two model calls).
 4. ``chat``: Telegram chats (the simulator) at ``--chat-rate`` messages per second, each from a new user, on an
-   idle gateway and during a webhook storm at the burst's rate: reply latency p99 of both.
+   idle gateway and during webhook storms at ``--chat-storms`` times the maximum: reply latency, and where it went
+   (intake, queue, run, delivery, from the gateway's store).
 5. ``storms``: ``bench_loop_lag``'s storms (200 concurrent tool calls) with the workers and in-process.
 
 Each measurement holds a lock file (one benchmark at a time), waits for a quiet machine and notes the load average.
+``--admission-set KEY=VALUE`` tunes the adaptive gateways' ``gateway.admission`` (e.g. ``lag_target_ms=20``).
 
     python -m bench.bench_overload [--scenarios throughput,burst,at-once,chat,storms] [--burst-seconds 60]
 """

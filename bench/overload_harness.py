@@ -159,15 +159,12 @@ class Contender:
                 "platforms": {"webhook": {"routes": {ROUTE: {"max_concurrency": None}}}}}
 
 
-def gateway_service(contender: Contender, home: Path, model_url: str, sink_url: str,
-                    extra: Mapping[str, Any] | None = None, **config: Any) -> ServiceProcess:
-    """A gateway subprocess of ``contender`` in ``home``: ``write_gateway_config``'s config (the route's rate
-    limit raised) with the contender's limits, its route without a concurrency limit of its own, and ``extra``."""
+def gateway_service(contender: Contender, home: Path, model_url: str, sink_url: str, **config: Any) -> ServiceProcess:
+    """A gateway subprocess of ``contender`` in ``home``: ``write_gateway_config``'s config (the route's rate limit
+    raised; ``config`` its other arguments) with the contender's limits and the route without a concurrency limit of
+    its own."""
     home.mkdir(parents=True, exist_ok=True)
-    overrides = contender.overrides()
-    for section, values in (extra or {}).items():
-        overrides[section] = {**overrides.get(section, {}), **values}
-    path = write_gateway_config(home, model_url, sink_url, overrides=overrides, **config)
+    path = write_gateway_config(home, model_url, sink_url, overrides=contender.overrides(), **config)
     return ServiceProcess(contender.name, gateway_argv(path), home / "stderr.log")
 
 

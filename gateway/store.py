@@ -263,12 +263,17 @@ def _replayed(conn: Connection, replay: Replay) -> Acceptance | None:
     return Acceptance(int(first["inbox_id"]), first["run_id"], duplicate=True)
 
 
+# Built once: compiling a statement per webhook cost the store thread a third of its time (bench/RESULTS.md, 9).
+_REPLAY_DELETE = inbox_t.delete().where(inbox_t.c.dedupe_key == sa.bindparam("b_key"))
+_INBOX_INSERT = inbox_t.insert()
+
+
 def _mark_replay(conn: Connection, replay: Replay, acceptance: Acceptance, platform: str, session_key: str) -> None:
-    conn.execute(inbox_t.delete().where(inbox_t.c.dedupe_key == replay.key))  # a marker past its window
-    conn.execute(inbox_t.insert().values(
-        dedupe_key=replay.key, platform=platform, kind=REPLAY_MARKER, session_key=session_key, status="pruned",
-        payload=dumps({"inbox_id": acceptance.inbox_id, "run_id": acceptance.run_id}), run_id=None,
-        created_at=replay.at, updated_at=replay.at))
+    conn.execute(_REPLAY_DELETE, {"b_key": replay.key})  # a marker past its window
+    conn.execute(_INBOX_INSERT, {
+        "dedupe_key": replay.key, "platform": platform, "kind": REPLAY_MARKER, "session_key": session_key,
+        "status": "pruned", "payload": dumps({"inbox_id": acceptance.inbox_id, "run_id": acceptance.run_id}),
+        "run_id": None, "created_at": replay.at, "updated_at": replay.at})
 
 
 def accept_event(conn: Connection, *, dedupe_key: str, platform: str, kind: str, session_key: str,
