@@ -66,6 +66,7 @@ class _Process:
     lag: float = 0.0
     running: int = 0  # loops the worker says it runs (its last health report)
     started: float = field(default_factory=time.monotonic)
+    heard: float = field(default_factory=time.monotonic)  # when its last frame came
 
 
 class AgentWorkers:
@@ -161,9 +162,11 @@ class AgentWorkers:
         while True:
             proc = await self._spawn()
             self._slots[slot] = proc
+            watch = asyncio.create_task(self._watch(proc))
             try:
                 await self._serve(proc)
             finally:
+                watch.cancel()
                 self._slots[slot] = None
                 await self._end(proc)
             if self._stopping:
@@ -189,18 +192,13 @@ class AgentWorkers:
         return _Process(child, reader, frames)
 
     async def _serve(self, proc: _Process) -> None:
-        """Handle a worker's frames until its connection ends, or it hangs (then it is killed)."""
+        """Handle a worker's frames until its connection ends."""
         while True:
-            silent = self.hang_after if proc.ready else START_TIMEOUT
             try:
-                message = await asyncio.wait_for(read_frame(proc.reader), silent)
+                message = await read_frame(proc.reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
-            except TimeoutError:
-                logger.error("agent worker pid %s sent nothing for %.0f s: killing it", proc.proc.pid, silent)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.proc.kill()
-                return
+            proc.heard = time.monotonic()
             kind = message[0]
             if kind == "ask":
                 _, lid, seq, op, args = message
@@ -226,6 +224,19 @@ class AgentWorkers:
                 proc.ready = True
                 self.metrics.agent_workers.set(self.ready())
                 self._changed.set()
+
+    async def _watch(self, proc: _Process) -> None:
+        """Kill the worker once it has sent nothing for too long (hung); its connection then ends. (One timer per
+        worker: a timeout around each frame's read cost ten times the read.)"""
+        while True:
+            limit = self.hang_after if proc.ready else START_TIMEOUT
+            silent = time.monotonic() - proc.heard
+            if silent >= limit:
+                logger.error("agent worker pid %s sent nothing for %.0f s: killing it", proc.proc.pid, silent)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.proc.kill()
+                return
+            await asyncio.sleep(min(limit - silent, 1.0))
 
     async def _answer(self, proc: _Process, loop: _Loop, lid: int, seq: int, op: str, args: tuple[Any, ...]) -> None:
         """Answer one question of a loop; when the gateway's part fails, the run fails with that error here."""

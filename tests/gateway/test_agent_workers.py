@@ -216,7 +216,7 @@ async def test_a_hung_worker_is_killed_and_its_run_redone(make_gateway: GatewayF
     h = await make_gateway({"gateway": {"agent_workers": 1}}, responder=responder)
     pool = await _workers(h, 1)
     pool.hang_after = 1.0
-    await asyncio.sleep(0.6)  # the next health reports start waits of the new length
+    await asyncio.sleep(0.6)  # health reports keep coming meanwhile: the worker is not silent yet
     [pid] = pool.pids()
     os.kill(pid, signal.SIGSTOP)  # hung: alive, but its loop answers nothing
     run_id = (await h.chat.user_says("are you there?")).run_id
