@@ -61,6 +61,11 @@ logger = logging.getLogger(__name__)
 WORKERS_START_WAIT = 30.0  # seconds start() waits for a first agent worker (runs wait for one anyway)
 
 
+def _run_ceilings(cfg: Config) -> int:
+    """Runs that may be going on at once: every kind's ceiling together (one model call each at most)."""
+    return sum(ceiling for _, ceiling in cfg.gateway.run_limits().values())
+
+
 def _redact_tool_result(name: str, args: dict[str, Any], result: str) -> str:
     """Tool output is stored and shown to the model: keep secrets out of both."""
     return redactor(result)
@@ -160,8 +165,7 @@ class Gateway:
         self._plugin_parts.install(self.plugins)
         if cfg.gateway.agent_workers and not self.local:  # the console chat keeps its one loop in-process
             # Started first: their start-up (~1 s of imports each) overlaps the gateway's own.
-            self.workers = AgentWorkers(cfg.gateway.agent_workers, cfg.model,
-                                        sum(ceiling for _, ceiling in cfg.gateway.run_limits().values()), self.metrics)
+            self.workers = AgentWorkers(cfg.gateway.agent_workers, cfg.model, _run_ceilings(cfg), self.metrics)
             await self.workers.start()
         self.store = await Store.open(cfg.store.url)
         if not self.local:
@@ -186,8 +190,7 @@ class Gateway:
         self._source_toolsets = install_source_toolsets(cfg, self.plugins)
         install_tool_backends(self.store, asyncio.get_running_loop())
         set_describer(vision_describer(cfg))
-        runs = sum(ceiling for _, ceiling in cfg.gateway.run_limits().values())  # every kind's ceiling
-        self._client = build_client(cfg.model, max_connections=runs)  # one model call per run at a time
+        self._client = build_client(cfg.model, max_connections=_run_ceilings(cfg))  # one model call per run at a time
         await load_sdk_modules()
         self._tool_pool = ThreadPoolExecutor(cfg.gateway.tool_threads, thread_name_prefix="hermes-tool")
         agent = Agent(cfg.model, self._client, self._tool_pool, self.metrics,
@@ -250,10 +253,7 @@ class Gateway:
         self._watchdog = LoopWatchdog(self.metrics, cfg.gateway.loop_lag_warn_ms / 1000)
         self._watchdog.start()
         # Run limits follow the loops' lag (this process's and the agent workers') from now on.
-        if self.workers is not None:
-            executor.admission.start(self._watchdog.lag_p99, self.workers.worst_lag)
-        else:
-            executor.admission.start(self._watchdog.lag_p99)
+        executor.admission.start(self._watchdog.lag_p99, *([self.workers.worst_lag] if self.workers else []))
         logger.info("gateway started: platforms=%s http=%s:%s", ",".join(self.adapters), cfg.http.host, self.port)
 
     async def _follow_leadership(self) -> None:
